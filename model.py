@@ -1,0 +1,344 @@
+"""
+The whole kvgpt model in one file: a GPT-2 style pre-LN decoder in which one of
+the attention weights W_Q, W_K, W_V can be fixed to the identity.
+
+Karbevski & Mijoski, "Key and Value Weights Are Probably All You Need"
+(arXiv 2510.23912): attention sees its input X only through XW_Q, XW_K, XW_V,
+so a change of basis moves W_Q into the neighbouring weights. With
+`query_identity` head h's query is the coordinate slice [h*hd, (h+1)*hd) of the
+attention input (the ln_1 output) and the input projection makes only K and V:
+every layer loses n_embd^2 weights, 25% of the attention.
+
+Module names follow nanoGPT (transformer.wte, h.N.attn.c_attn, ...) so nanoGPT
+checkpoints load as baseline models.
+"""
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = False  # biases in Linears and LayerNorms
+    tie_weights: bool = True  # lm_head shares the token embedding
+    mlp_hidden: Optional[int] = None  # None: 4 * n_embd (paper's larger MLP: 3456)
+    query_identity: bool = False  # W_Q = I: the paper's reduced attention
+    key_identity: bool = False  # W_K = I (theory: any one of the three may go)
+    value_identity: bool = False  # W_V = I
+    attn_scale: Optional[float] = None  # None: 1/sqrt(hd), halved when Q or K is I
+    n_kv_head: Optional[int] = None  # None: n_head; fewer is grouped-query attention
+    # The paper's theoretical settings (section 4), off by default:
+    norm: bool = True  # False: no LayerNorm anywhere (where the theorems are exact)
+    mlp_residual: bool = True  # False: the skip connection surrounds only the attention
+    share_layers: bool = False  # one block's weights reused n_layer times (ALBERT-style)
+
+    def __post_init__(self):
+        if self.mlp_hidden is None:
+            self.mlp_hidden = 4 * self.n_embd
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        identities = [n for n in ('query_identity', 'key_identity', 'value_identity') if getattr(self, n)]
+        if len(identities) > 1:
+            raise ValueError(f"at most one of query_identity, key_identity, value_identity may be set, got {identities}")
+        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden', 'n_kv_head'):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if (self.key_identity or self.value_identity) and self.n_kv_head != self.n_head:
+            raise ValueError("key_identity/value_identity need n_kv_head == n_head: "
+                             "with grouped-query attention K and V are narrower than the input, so they cannot be the identity")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.attn_scale is not None and not self.attn_scale > 0:
+            raise ValueError(f"attn_scale must be positive, got {self.attn_scale}")
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+    @property
+    def scale(self):
+        if self.attn_scale is not None:
+            return float(self.attn_scale)
+        # Paper's choice for W_Q = I: with one learned matrix in the logits they start
+        # with a larger variance, so the softmax scale is halved to 1/(2 sqrt(hd)).
+        halved = self.query_identity or self.key_identity
+        return 1.0 / ((2.0 if halved else 1.0) * math.sqrt(self.head_dim))
+
+
+class KVCache:
+    """K and V of every layer for incremental decoding, sized by n_kv_head (W_Q removal
+    leaves the cache untouched; GQA shrinks it by n_head / n_kv_head)."""
+
+    def __init__(self, config, batch_size, device=None, dtype=torch.float32):
+        shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0  # number of positions filled
+
+    def nbytes(self):
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        C, hd = config.n_embd, config.head_dim
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, hd
+        kv_dim = config.n_kv_head * hd
+        # The fused input projection makes only the non-identity parts, in q, k, v order.
+        self.q_dim = 0 if config.query_identity else C
+        self.k_dim = 0 if config.key_identity else kv_dim
+        self.v_dim = 0 if config.value_identity else kv_dim
+        self.c_attn = nn.Linear(C, self.q_dim + self.k_dim + self.v_dim, bias=config.bias)
+        self.c_proj = nn.Linear(C, C, bias=config.bias)
+        self.scale = config.scale
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def qkv(self, x):
+        """Heads of q (B, nh, T, hd), k and v (B, nkv, T, hd); an identity one is x itself."""
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split([self.q_dim, self.k_dim, self.v_dim], dim=2)
+        q = x if self.q_dim == 0 else q
+        k = x if self.k_dim == 0 else k
+        v = x if self.v_dim == 0 else v
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        return q, k, v
+
+    def forward(self, x, cache=None, layer=0):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x)
+        mask, causal = None, True
+        if cache is not None:
+            p = cache.pos
+            cache.k[layer, :, :, p:p + T] = k
+            cache.v[layer, :, :, p:p + T] = v
+            k, v = cache.k[layer, :, :, :p + T], cache.v[layer, :, :, :p + T]
+            if p > 0:  # queries sit at positions p..p+T-1 and see every key up to themselves
+                causal = False
+                if T > 1:
+                    mask = torch.ones(T, p + T, dtype=torch.bool, device=x.device).tril(diagonal=p)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=self.n_kv_head != self.n_head)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+def make_norm(config):
+    return nn.LayerNorm(config.n_embd, bias=config.bias) if config.norm else nn.Identity()
+
+
+class Block(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = make_norm(config)
+        self.mlp = MLP(config)
+        self.mlp_residual = config.mlp_residual
+
+    def forward(self, x, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), cache, layer)
+        m = self.mlp(self.ln_2(x))
+        return x + m if self.mlp_residual else m
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config, verbose=True):
+        super().__init__()
+        self.config = config
+        n_blocks = 1 if config.share_layers else config.n_layer
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(n_blocks)]),
+            ln_f=make_norm(config),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.transformer.wte.weight
+        self.apply(self._init_weights)
+        # GPT-2's scaled init of the projections that write into the residual stream
+        for name, p in self.named_parameters():
+            if name.endswith('c_proj.weight'):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        if verbose:
+            print(f"number of parameters: {self.get_num_params() / 1e6:.2f}M")
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self):
+        """Every parameter tensor counted once (tied embeddings once, shared blocks once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def param_breakdown(self):
+        """Parameters by part, each tensor once: shows where the 25% attention saving lands."""
+        parts = dict(embeddings=0, attention=0, mlp=0, norms=0)
+        for name, p in self.named_parameters():  # named_parameters() skips tied/shared duplicates
+            if '.attn.' in name:
+                parts['attention'] += p.numel()
+            elif '.mlp.' in name:
+                parts['mlp'] += p.numel()
+            elif '.ln_' in name:
+                parts['norms'] += p.numel()
+            else:
+                parts['embeddings'] += p.numel()  # wte, wpe, an untied lm_head
+        parts['total'] = sum(parts.values())
+        return parts
+
+    def blocks(self):
+        """The block applied at each layer, in order (the same one n_layer times if shared)."""
+        h = self.transformer.h
+        return [h[0] if self.config.share_layers else h[i] for i in range(self.config.n_layer)]
+
+    def forward(self, idx, targets=None, cache=None):
+        B, T = idx.shape
+        start = cache.pos if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
+        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for layer, block in enumerate(self.blocks()):
+            x = block(x, cache, layer)
+        x = self.transformer.ln_f(x)
+        if cache is not None:
+            cache.pos += T
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None  # inference: only the last position is needed
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW; decay on every tensor with 2+ dims (matmuls, embeddings), none on norms and biases."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+            {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0},
+        ]
+        fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({'fused': True} if fused else {}))
+
+    def flops_per_token(self, T=None):
+        """Training FLOPs per token (forward + backward, PaLM appendix B): 6 per matmul weight
+        as applied (a shared block counts n_layer times) plus the attention scores and sums.
+        A reduced model has fewer matmul weights and so fewer FLOPs."""
+        T = T or self.config.block_size
+        cfg = self.config
+        per_layer = sum(p.numel() for b in self.blocks()[:1] for n, p in b.named_parameters() if p.dim() == 2)
+        matmul = cfg.n_layer * per_layer + self.lm_head.weight.numel()
+        return 6 * matmul + 12 * cfg.n_layer * cfg.n_embd * T
+
+    def estimate_mfu(self, tokens_per_iter, dt, T=None, device=None):
+        """Model FLOPs utilization against the accelerator's bf16 dense peak; None when unknown (CPU)."""
+        peak = device_peak_flops(device)
+        if peak is None or dt <= 0:
+            return None
+        return self.flops_per_token(T) * tokens_per_iter / dt / peak
+
+    @torch.no_grad()
+    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                        use_cache=True, generator=None):
+        """Yield the next tokens (B, 1) one step at a time. With the cache the prompt is
+        prefilled once and each step feeds one token. Absolute position embeddings cannot
+        be shifted, so once the context reaches block_size the cache is rebuilt from the
+        last block_size tokens each step: exactly what the uncached path computes."""
+        bs = self.config.block_size
+        cache = None
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(idx[:, -bs:])
+            elif cache is None or cache.pos >= bs:
+                cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                logits, _ = self(idx[:, -bs:], cache=cache)
+            else:
+                logits, _ = self(idx[:, -1:], cache=cache)
+            nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)
+            idx = torch.cat((idx, nxt), dim=1)
+            yield nxt
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                 eos_token=None, use_cache=True, generator=None):
+        """Extend idx (B, T) by up to max_new_tokens; temperature 0 is greedy. With eos_token
+        it stops once every row has produced it."""
+        done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+        for nxt in self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator):
+            idx = torch.cat((idx, nxt), dim=1)
+            if eos_token is not None:
+                done |= nxt[:, 0] == eos_token
+                if done.all():
+                    break
+        return idx
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """One token per row from logits (B, V): greedy at temperature 0, else top-k, then nucleus."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum - sorted_logits.softmax(dim=-1) >= top_p  # keep the smallest prefix reaching top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float('-inf'))
+        logits = torch.full_like(logits, float('-inf')).scatter(-1, order, sorted_logits)
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+# bf16 dense tensor-core peaks (FLOP/s) by device name, most specific first
+PEAK_FLOPS = [('H200', 989e12), ('H100', 989e12), ('A100', 312e12), ('A10G', 70e12), ('A10', 125e12),
+              ('L40S', 362e12), ('L4', 121e12), ('4090', 165e12), ('3090', 71e12), ('V100', 125e12), ('T4', 65e12)]
+
+
+def device_peak_flops(device=None):
+    """The detected accelerator's bf16 peak, or None (CPU or an unknown device): never a made-up number."""
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != 'cuda'):
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_FLOPS if key in name), None)

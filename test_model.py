@@ -1,0 +1,218 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, CausalSelfAttention, device_peak_flops
+
+GPT2 = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, bias=False)
+PAPER_VARIANTS = [  # (overrides, total params, attention scale) from the paper's table
+    (dict(), 124_373_760, 1 / 8),
+    (dict(query_identity=True), 117_295_872, 1 / 16),
+    (dict(query_identity=True, mlp_hidden=3456), 124_373_760, 1 / 16),
+    (dict(mlp_hidden=2688), 117_295_872, 1 / 8),
+    (dict(n_embd=744, mlp_hidden=2976), 117_915_816, 1 / math.sqrt(62)),
+]
+IDENTITIES = ['query_identity', 'key_identity', 'value_identity']
+
+
+def tiny(**kw):
+    cfg = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=64)
+    cfg.update(kw)
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**cfg), verbose=False)
+
+
+@pytest.mark.parametrize('overrides,params,scale', PAPER_VARIANTS)
+def test_paper_variant_counts_and_scales(overrides, params, scale):
+    with torch.device('meta'):  # counts need no memory
+        model = GPT(GPTConfig(**{**GPT2, **overrides}), verbose=False)
+    assert model.get_num_params() == params
+    assert model.param_breakdown()['total'] == params
+    assert model.config.scale == pytest.approx(scale, rel=1e-12)
+
+
+def test_reduced_saves_n_layer_n_embd_squared_and_a_quarter_of_attention():
+    with torch.device('meta'):
+        base = GPT(GPTConfig(**GPT2), verbose=False)
+        red = GPT(GPTConfig(**GPT2, query_identity=True), verbose=False)
+        red_b = GPT(GPTConfig(**{**GPT2, 'bias': True}, query_identity=True), verbose=False)
+        base_b = GPT(GPTConfig(**{**GPT2, 'bias': True}), verbose=False)
+    assert base.get_num_params() - red.get_num_params() == 12 * 768 ** 2
+    assert base_b.get_num_params() - red_b.get_num_params() == 12 * (768 ** 2 + 768)
+    a, b = base.param_breakdown()['attention'], red.param_breakdown()['attention']
+    assert b / a == 0.75
+
+
+def test_construction_prints_parameter_count(capsys):
+    with torch.device('meta'):
+        GPT(GPTConfig(**GPT2, query_identity=True))
+    assert 'number of parameters: 117.30M' in capsys.readouterr().out
+
+
+def reference_attention(attn, x, cfg, scale):
+    """Plain-torch causal attention written from the paper's formula, independent of the module."""
+    B, T, C = x.shape
+    hd, nh, nkv = C // cfg.n_head, cfg.n_head, cfg.n_kv_head
+    W = attn.c_attn.weight.T  # row-vector convention: x @ W
+    dims = [0 if cfg.query_identity else C, 0 if cfg.key_identity else nkv * hd, 0 if cfg.value_identity else nkv * hd]
+    Wq, Wk, Wv = W.split(dims, dim=1)
+    q = x if cfg.query_identity else x @ Wq
+    k = x if cfg.key_identity else x @ Wk
+    v = x if cfg.value_identity else x @ Wv
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    out = []
+    for h in range(nh):
+        g = h // (nh // nkv)  # the kv head this query head reads
+        qh, kh, vh = q[..., h * hd:(h + 1) * hd], k[..., g * hd:(g + 1) * hd], v[..., g * hd:(g + 1) * hd]
+        s = scale * qh @ kh.transpose(-1, -2)
+        out.append(torch.softmax(s.masked_fill(~causal, float('-inf')), dim=-1) @ vh)
+    return torch.cat(out, dim=-1) @ attn.c_proj.weight.T
+
+
+@pytest.mark.parametrize('identity', [None] + IDENTITIES)
+@pytest.mark.parametrize('n_head,n_kv_head', [(1, 1), (4, 4), (8, 8), (4, 2), (8, 1)])
+def test_attention_matches_independent_computation(identity, n_head, n_kv_head):
+    if identity in ('key_identity', 'value_identity') and n_kv_head != n_head:
+        return  # not a valid configuration: covered by test_bad_configs_fail_clearly
+    cfg = GPTConfig(n_embd=32, n_head=n_head, n_kv_head=n_kv_head, **({identity: True} if identity else {}))
+    torch.manual_seed(1)
+    attn = CausalSelfAttention(cfg).double()
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    expected = reference_attention(attn, x, cfg, cfg.scale)
+    torch.testing.assert_close(attn(x), expected, rtol=1e-10, atol=1e-12)
+    if identity == 'query_identity':
+        assert attn.c_attn.weight.shape == (2 * n_kv_head * (32 // n_head), 32)
+
+
+def test_explicit_scale_is_honoured():
+    cfg = GPTConfig(n_embd=32, n_head=4, query_identity=True, attn_scale=0.37)
+    torch.manual_seed(2)
+    attn = CausalSelfAttention(cfg).double()
+    x = torch.randn(1, 6, 32, dtype=torch.float64)
+    torch.testing.assert_close(attn(x), reference_attention(attn, x, cfg, 0.37))
+    assert not torch.allclose(attn(x), reference_attention(attn, x, cfg, cfg.head_dim ** -0.5 / 2))
+
+
+def plain_attention(X, Wq, Wk, Wv, n_head, scale):
+    T, C = X.shape[-2:]
+    hd = C // n_head
+    q, k, v = X @ Wq, X @ Wk, X @ Wv
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    heads = []
+    for h in range(n_head):
+        s = slice(h * hd, (h + 1) * hd)
+        a = torch.softmax((scale * q[..., s] @ k[..., s].transpose(-1, -2)).masked_fill(~causal, float('-inf')), -1)
+        heads.append(a @ v[..., s])
+    return torch.cat(heads, -1)
+
+
+def test_reparametrization_lemma():
+    """attention(X Theta; Theta^-1 W_Q, Theta^-1 W_K, Theta^-1 W_V) == attention(X; W_Q, W_K, W_V),
+    and Theta = W_Q turns the query weight into the identity, so the reduced module computes it."""
+    torch.manual_seed(3)
+    C, nh = 24, 3
+    X = torch.randn(2, 9, C, dtype=torch.float64)
+    Wq, Wk, Wv = (torch.randn(C, C, dtype=torch.float64) / C ** 0.5 for _ in range(3))
+    Theta = torch.randn(C, C, dtype=torch.float64) / C ** 0.5 + torch.eye(C, dtype=torch.float64)
+    Ti = torch.linalg.inv(Theta)
+    ref = plain_attention(X, Wq, Wk, Wv, nh, 0.3)
+    torch.testing.assert_close(plain_attention(X @ Theta, Ti @ Wq, Ti @ Wk, Ti @ Wv, nh, 0.3), ref, rtol=1e-9, atol=1e-10)
+    Qi = torch.linalg.inv(Wq)
+    torch.testing.assert_close(Qi @ Wq, torch.eye(C, dtype=torch.float64), rtol=0, atol=1e-10)
+    # the reduced module, given X W_Q and the folded K/V weights, reproduces the full attention
+    attn = CausalSelfAttention(GPTConfig(n_embd=C, n_head=nh, query_identity=True, attn_scale=0.3)).double()
+    with torch.no_grad():
+        attn.c_attn.weight.copy_(torch.cat([Qi @ Wk, Qi @ Wv], dim=1).T)
+        attn.c_proj.weight.copy_(torch.eye(C))
+    torch.testing.assert_close(attn(X @ Wq), ref, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize('identity', [None] + IDENTITIES)
+def test_causality(identity):
+    model = tiny(**({identity: True} if identity else {})).eval()
+    idx = torch.randint(0, 64, (1, 12))
+    logits, _ = model(idx, targets=idx)
+    changed = idx.clone()
+    changed[0, 8] = (changed[0, 8] + 1) % 64
+    logits2, _ = model(changed, targets=changed)
+    torch.testing.assert_close(logits[:, :8], logits2[:, :8], rtol=0, atol=0)
+    assert not torch.allclose(logits[:, 8:], logits2[:, 8:])
+
+
+def test_tied_weights_share_storage_and_untied_do_not():
+    tied, untied = tiny(), tiny(tie_weights=False)
+    assert tied.lm_head.weight.data_ptr() == tied.transformer.wte.weight.data_ptr()
+    assert untied.lm_head.weight.data_ptr() != untied.transformer.wte.weight.data_ptr()
+    assert untied.get_num_params() - tied.get_num_params() == 64 * 32
+
+
+def test_theory_settings_parameter_counts():
+    base = tiny()
+    shared = tiny(share_layers=True)
+    per_block = sum(p.numel() for p in base.transformer.h[0].parameters())
+    assert base.get_num_params() - shared.get_num_params() == per_block  # 2 layers, one block stored
+    assert tiny(norm=False).get_num_params() == base.get_num_params() - 5 * 32  # ln_1, ln_2 x2, ln_f
+    assert tiny(mlp_residual=False).get_num_params() == base.get_num_params()
+
+
+@pytest.mark.parametrize('kw,steps', [
+    (dict(), 80), (dict(query_identity=True), 80), (dict(key_identity=True), 80), (dict(value_identity=True), 80),
+    (dict(query_identity=True, n_kv_head=2), 80), (dict(query_identity=True, share_layers=True), 80),
+    (dict(query_identity=True, norm=False), 80),
+    # without the MLP skip connection the MLP output replaces the stream: slower to fit
+    (dict(query_identity=True, norm=False, mlp_residual=False), 200)])
+def test_tiny_model_overfits_one_batch(kw, steps):
+    model = tiny(**kw)
+    torch.manual_seed(4)
+    x = torch.randint(0, 64, (4, 16))
+    y = torch.roll(x, -1, dims=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    first = None
+    for _ in range(steps):
+        _, loss = model(x, y)
+        first = first or loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert first > 3.5 and loss.item() < 0.3, (first, loss.item())
+
+
+@pytest.mark.parametrize('kw,message', [
+    (dict(query_identity=True, key_identity=True), 'at most one of'),
+    (dict(key_identity=True, value_identity=True, query_identity=True), 'at most one of'),
+    (dict(n_head=4, n_kv_head=3), 'multiple of n_kv_head'),
+    (dict(n_head=4, n_kv_head=2, key_identity=True), 'n_kv_head == n_head'),
+    (dict(n_head=4, n_kv_head=2, value_identity=True), 'n_kv_head == n_head'),
+    (dict(n_embd=30, n_head=4), 'divisible by n_head'),
+    (dict(attn_scale=-1.0), 'attn_scale must be positive'),
+    (dict(mlp_hidden=0), 'mlp_hidden must be positive'),
+])
+def test_bad_configs_fail_clearly(kw, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**kw)
+
+
+def test_sequence_longer_than_block_size_is_an_error():
+    with pytest.raises(ValueError, match='longer than block_size'):
+        tiny()(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_flops_follow_the_model_and_cpu_has_no_peak():
+    base, red = tiny(), tiny(query_identity=True)
+    assert base.flops_per_token(16) - red.flops_per_token(16) == 6 * 2 * 32 * 32
+    shared = tiny(share_layers=True)
+    assert shared.flops_per_token(16) == base.flops_per_token(16)  # a shared block still runs n_layer times
+    if not torch.cuda.is_available():
+        assert device_peak_flops() is None
+        assert base.estimate_mfu(1000, 0.1) is None
+
+
+def test_optimizer_decays_matrices_only():
+    model = tiny(bias=True)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+    decay, no_decay = opt.param_groups
+    assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    assert all(p.dim() >= 2 for p in decay['params']) and all(p.dim() < 2 for p in no_decay['params'])
+    assert sum(p.numel() for g in opt.param_groups for p in g['params']) == model.get_num_params()
