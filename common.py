@@ -1,0 +1,224 @@
+"""
+What more than one script needs, in one place: one-line user errors, nanoGPT-style
+configuration (`script.py config/x.py --key=value`), the tokenizers, atomic file
+writes and checkpoint I/O.
+"""
+import ast
+import codecs
+import difflib
+import functools
+import json
+import os
+import sys
+import types
+
+import torch
+
+
+class UserError(Exception):
+    """A failure the user can fix: printed as one line, no traceback, exit code 2."""
+
+
+def run_main(main):
+    """Run a script's main(); user errors become one line on stderr and a non-zero exit."""
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+# -----------------------------------------------------------------------------
+# configuration: defaults, then config files, then --key=value, in command-line order
+
+def parse_value(text):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a bare string: --dataset=openwebtext
+
+
+def check_value(key, value, defaults, source):
+    if key not in defaults:
+        close = difflib.get_close_matches(key, defaults, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UserError(f"{source}: unknown config key '{key}'{hint}")
+    default = defaults[key]
+    if default is None or value is None:
+        return value
+    if isinstance(default, bool) or isinstance(value, bool):
+        if type(value) is not type(default):
+            raise UserError(f"{source}: {key} must be {type(default).__name__}, got {value!r}")
+        return value
+    if isinstance(default, float) and isinstance(value, int):
+        return float(value)  # an int for a float setting is fine
+    if isinstance(default, (tuple, list)) and isinstance(value, (tuple, list)):
+        return type(default)(value)
+    if type(value) is not type(default):
+        raise UserError(f"{source}: {key} must be {type(default).__name__}, got {value!r}")
+    return value
+
+
+def parse_config(defaults, argv):
+    """nanoGPT's configurator made strict: an unknown key or a wrong type names the key."""
+    config = dict(defaults)
+    for arg in argv:
+        if arg.startswith('--'):
+            key, eq, text = arg[2:].partition('=')
+            if not eq:
+                raise UserError(f"expected --key=value, got '{arg}'")
+            config[key] = check_value(key, parse_value(text), defaults, arg)
+            continue
+        if not os.path.isfile(arg):
+            raise UserError(f"config file '{arg}' not found (arguments are config files and --key=value)")
+        namespace = {}
+        try:
+            with open(arg) as f:
+                exec(compile(f.read(), arg, 'exec'), namespace)
+        except Exception as e:
+            raise UserError(f"config file '{arg}' failed: {type(e).__name__}: {e}") from None
+        for key, value in namespace.items():
+            if key.startswith('_') or isinstance(value, (types.ModuleType, types.FunctionType, type)):
+                continue
+            config[key] = check_value(key, value, defaults, arg)
+    return config
+
+
+def print_config(config):
+    width = max(map(len, config))
+    for key, value in config.items():
+        print(f"  {key:<{width}} = {value!r}")
+
+
+# -----------------------------------------------------------------------------
+# tokenizers: prepare.py encodes with them, sample.py decodes with the same ones
+
+class ByteTokenizer:
+    """Raw UTF-8 bytes plus one end-of-document token: no download, ever."""
+    name, vocab_size, eot = 'byte', 257, 256
+
+    def encode(self, text):
+        return list(text.encode('utf-8'))
+
+    def decode_bytes(self, ids):
+        return bytes(i for i in ids if i < 256)
+
+
+class GPT2Tokenizer:
+    """tiktoken's GPT-2 BPE; documents end with <|endoftext|> (50256) as in nanoGPT."""
+    name, vocab_size, eot = 'gpt2', 50257, 50256
+
+    def __init__(self):
+        import tiktoken
+        try:
+            self.enc = tiktoken.get_encoding('gpt2')
+        except Exception as e:
+            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}); tiktoken downloads it once: "
+                            "connect once, or set TIKTOKEN_CACHE_DIR to a folder with its cached files, "
+                            "or use --tokenizer=byte") from None
+
+    def encode(self, text):
+        return self.enc.encode_ordinary(text)  # special-token text in the corpus stays plain text
+
+    def decode_bytes(self, ids):
+        return self.enc.decode_bytes([i for i in ids if i < self.eot])
+
+
+TOKENIZERS = {'byte': ByteTokenizer, 'gpt2': GPT2Tokenizer}
+
+
+@functools.lru_cache(maxsize=None)
+def get_tokenizer(name):
+    if name not in TOKENIZERS:
+        raise UserError(f"unknown tokenizer '{name}': choose one of {', '.join(TOKENIZERS)}")
+    return TOKENIZERS[name]()
+
+
+def decode(tokenizer, ids):
+    return tokenizer.decode_bytes(ids).decode('utf-8', errors='replace')
+
+
+def stream_decoder():
+    """Bytes in, text out, holding back an incomplete UTF-8 sequence split across tokens."""
+    return codecs.getincrementaldecoder('utf-8')(errors='replace')
+
+
+# -----------------------------------------------------------------------------
+# files: write to a temporary name, then rename, so nothing is ever half-written
+
+def atomic_write(path, write):
+    """write(tmp_path) produces the file; it appears at path only once complete."""
+    tmp = f"{path}.tmp"
+    try:
+        write(tmp)
+        with open(tmp, 'rb+') as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_json(path, obj):
+    def write(tmp):
+        with open(tmp, 'w') as f:
+            json.dump(obj, f, indent=2)
+            f.write('\n')
+    atomic_write(path, write)
+
+
+def read_json(path, what):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{what} not found at {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{what} at {path} is not valid JSON ({e}); delete it and regenerate it") from None
+
+
+def save_checkpoint(ckpt, path):
+    atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+
+
+def load_checkpoint(path, map_location='cpu'):
+    """weights_only=True: a checkpoint from someone else cannot run code on load."""
+    if not os.path.isfile(path):
+        raise UserError(f"no checkpoint at {path}: train one first, or point --out_dir at a run directory")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot read checkpoint {path}: {first[:200]} (corrupt, truncated, or not a checkpoint)") from None
+    if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
+        raise UserError(f"{path} is not a kvgpt/nanoGPT checkpoint (it needs 'model' and 'model_args')")
+    return ckpt
+
+
+def clean_state_dict(state_dict):
+    """Drop torch.compile's `_orig_mod.` and DDP's `module.` prefixes."""
+    out = {}
+    for k, v in state_dict.items():
+        for prefix in ('_orig_mod.', 'module.'):
+            if k.startswith(prefix):
+                k = k[len(prefix):]
+        out[k] = v
+    return out
+
+
+def model_from_checkpoint(ckpt, verbose=True):
+    """A GPT from a kvgpt or nanoGPT checkpoint (nanoGPT's model_args lack the new fields:
+    they take their defaults, which describe nanoGPT's baseline model exactly)."""
+    from dataclasses import fields
+    from model import GPT, GPTConfig
+    known = {f.name for f in fields(GPTConfig)}
+    args = {k: v for k, v in ckpt['model_args'].items() if k in known}
+    try:
+        model = GPT(GPTConfig(**args), verbose=verbose)
+        model.load_state_dict(clean_state_dict(ckpt['model']))
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise UserError(f"checkpoint weights do not fit its model_args: {str(e).splitlines()[0][:300]}") from None
+    return model

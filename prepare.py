@@ -1,0 +1,246 @@
+"""
+Tokenize a text corpus into data/<name>/train.bin, val.bin (flat token ids, read by
+train.py through np.memmap) and meta.json (tokenizer, vocab, dtype, counts, source).
+
+    python prepare.py --dataset=pydocs                 # embedded corpus, offline, ~20 s
+    python prepare.py                                  # OpenWebText from the hub (54 GB)
+    python prepare.py --dataset=my_docs.jsonl --text_column=body
+    python prepare.py --dataset=some_user/some_hub_dataset --tokenizer=gpt2
+
+Every source goes through the same `datasets` pipeline: load -> split -> tokenize
+(num_proc workers) -> write shard by shard into a memmap under a temporary name ->
+rename -> meta.json last. meta.json is the mark of a finished run: it is removed
+before any rewrite and written only when both bins are complete.
+"""
+import ast
+import glob
+import os
+import sys
+import sysconfig
+
+import numpy as np
+
+from common import UserError, get_tokenizer, parse_config, print_config, read_json, run_main, write_json
+
+DEFAULTS = dict(
+    dataset='openwebtext',  # 'openwebtext', 'pydocs' (embedded), a hub id, or local file(s)/folder
+    hub_id='Skylion007/openwebtext',  # where --dataset=openwebtext loads from
+    text_column='text',
+    tokenizer=None,  # 'gpt2' or 'byte'; None: byte for pydocs (no download), gpt2 otherwise
+    val_size=None,  # fraction held out; None: 0.0005 for openwebtext (nanoGPT's split), else 0.05
+    seed=2357,  # nanoGPT's split seed
+    num_proc=max(1, (os.cpu_count() or 2) // 2),
+    dtype='auto',  # uint16 when the vocabulary fits, else uint32
+    data_root='data',
+    out_name=None,  # None: derived from the dataset
+    force=False,  # re-run even when an identical finished run exists
+)
+LOCAL_BUILDERS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}
+SPLITS = ('train', 'val')
+
+
+# -----------------------------------------------------------------------------
+# the embedded corpus: English text every Python installation carries
+
+def pydocs_documents():
+    """'pydocs': the pydoc topic pages (the language reference behind help('if'), ...) plus
+    the docstrings of every standard-library module, one document per topic / per module,
+    in sorted order: the same bytes on every machine with the same Python build."""
+    from pydoc_data.topics import topics
+    docs = [f"{name}\n\n{text.strip()}\n" for name, text in sorted(topics.items())]
+    root = sysconfig.get_paths()['stdlib']
+    skip = {'site-packages', 'dist-packages', 'test', 'tests', 'idle_test'}
+    for path in sorted(glob.glob(os.path.join(root, '**', '*.py'), recursive=True)):
+        rel = os.path.relpath(path, root)
+        if skip.intersection(rel.split(os.sep)):
+            continue
+        try:
+            with open(path, encoding='utf-8') as f:
+                tree = ast.parse(f.read())
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        parts = []
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    title = rel[:-3].replace(os.sep, '.') if isinstance(node, ast.Module) else node.name
+                    parts.append(f"{title}\n\n{doc.strip()}\n")
+        if parts:
+            docs.append('\n'.join(parts))
+    return docs
+
+
+# -----------------------------------------------------------------------------
+# loading: every source becomes a `datasets.Dataset` with a text column
+
+def is_local(name):
+    return os.path.exists(name) or os.path.splitext(name)[1] in LOCAL_BUILDERS or name.startswith(('.', '/', '~'))
+
+
+def local_files(path):
+    if not os.path.exists(path):
+        raise UserError(f"no such file or folder: {path}")
+    files = sorted(glob.glob(os.path.join(path, '**', '*'), recursive=True)) if os.path.isdir(path) else [path]
+    files = [f for f in files if os.path.isfile(f) and os.path.splitext(f)[1] in LOCAL_BUILDERS]
+    if not files:
+        raise UserError(f"{path} holds no .txt, .jsonl, .json or .parquet files")
+    builders = {LOCAL_BUILDERS[os.path.splitext(f)[1]] for f in files}
+    if len(builders) > 1:
+        raise UserError(f"{path} mixes file kinds ({', '.join(sorted(builders))}): prepare one kind at a time")
+    return builders.pop(), files
+
+
+def load_source(c):
+    import datasets
+    datasets.logging.set_verbosity_error()
+    name = c['dataset']
+    if name == 'pydocs':
+        return datasets.Dataset.from_dict({c['text_column']: pydocs_documents()})
+    if is_local(name):
+        builder, files = local_files(os.path.expanduser(name))
+        # .txt: one file is one document (the text builder would otherwise split lines)
+        extra = {'sample_by': 'document'} if builder == 'text' else {}
+        try:
+            ds = datasets.load_dataset(builder, data_files=files, split='train', **extra)
+        except Exception as e:
+            raise UserError(f"cannot read {name} as {builder}: {short(e)}") from None
+        if builder == 'text' and c['text_column'] != 'text':
+            ds = ds.rename_column('text', c['text_column'])
+        return ds
+    hub_id = c['hub_id'] if name == 'openwebtext' else name
+    if is_local(hub_id):  # a local copy of the hub dataset (same schema): same path from here on
+        builder, files = local_files(os.path.expanduser(hub_id))
+        return datasets.load_dataset(builder, data_files=files, split='train')
+    try:
+        return datasets.load_dataset(hub_id, split='train', num_proc=c['num_proc'])
+    except Exception as e:
+        raise UserError(f"cannot load '{hub_id}' from the Hugging Face hub ({short(e)}); without network, "
+                        f"pass local files instead: --dataset=path/to/docs.jsonl (or .txt, .parquet, a folder of them)") from None
+
+
+def short(e):
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+
+
+# -----------------------------------------------------------------------------
+# tokenize and write
+
+def tokenize_batch(batch, tokenizer, column):
+    tok = get_tokenizer(tokenizer)  # per worker process, cached
+    ids = [tok.encode(text or '') + [tok.eot] for text in batch[column]]
+    return {'ids': ids, 'len': [len(x) for x in ids]}
+
+
+def write_bin(ds, path, dtype, n_shards=1024):
+    """Shard by shard into a memmap: memory stays flat for OpenWebText's 8M documents."""
+    total = int(np.sum(ds['len'], dtype=np.uint64))
+    if total == 0:
+        raise UserError(f"no tokens for {os.path.basename(path)}: the corpus is too small")
+    arr = np.memmap(path, dtype=dtype, mode='w+', shape=(total,))
+    idx, n_shards = 0, min(n_shards, len(ds))
+    for i in range(n_shards):
+        shard = ds.shard(num_shards=n_shards, index=i, contiguous=True).with_format('numpy')
+        chunk = np.concatenate(list(shard['ids'])) if len(shard) else np.zeros(0, dtype)
+        arr[idx:idx + len(chunk)] = chunk
+        idx += len(chunk)
+    assert idx == total, (idx, total)
+    arr.flush()
+    del arr
+    with open(path, 'rb+') as f:
+        os.fsync(f.fileno())
+    return total
+
+
+def resolve(c):
+    c = dict(c)
+    name = c['dataset']
+    if not isinstance(name, str) or not name:
+        raise UserError("--dataset must be a name, a hub id, or a path")
+    c['tokenizer'] = c['tokenizer'] or ('byte' if name == 'pydocs' else 'gpt2')
+    if c['val_size'] is None:
+        c['val_size'] = 0.0005 if name == 'openwebtext' else 0.05
+    if not 0 < c['val_size'] < 1:
+        raise UserError(f"val_size must be a fraction in (0, 1), got {c['val_size']}")
+    if c['out_name'] is None:
+        base = os.path.basename(os.path.normpath(name)) if is_local(name) else name.split('/')[-1]
+        c['out_name'] = os.path.splitext(base)[0] or 'corpus'
+    if c['num_proc'] < 1:
+        raise UserError(f"num_proc must be at least 1, got {c['num_proc']}")
+    return c
+
+
+def pick_dtype(name, vocab_size):
+    if name == 'auto':
+        name = 'uint16' if vocab_size <= 2 ** 16 else 'uint32'
+    if name not in ('uint8', 'uint16', 'uint32'):
+        raise UserError(f"dtype must be auto, uint8, uint16 or uint32, got {name}")
+    if vocab_size > np.iinfo(name).max + 1:
+        raise UserError(f"a vocabulary of {vocab_size} does not fit {name}: use --dtype=auto")
+    return name
+
+
+def bin_ok(out_dir, split, meta):
+    path = os.path.join(out_dir, f'{split}.bin')
+    return os.path.exists(path) and os.path.getsize(path) == meta[f'{split}_tokens'] * np.dtype(meta['dtype']).itemsize
+
+
+def prepare(c):
+    c = resolve(c)
+    tok = get_tokenizer(c['tokenizer'])
+    dtype = pick_dtype(c['dtype'], tok.vocab_size)
+    out_dir = os.path.join(c['data_root'], c['out_name'])
+    meta_path = os.path.join(out_dir, 'meta.json')
+    settings = {k: c[k] for k in ('dataset', 'hub_id', 'text_column', 'tokenizer', 'val_size', 'seed', 'dtype')}
+    if os.path.exists(meta_path) and not c['force']:
+        meta = read_json(meta_path, 'meta.json')
+        if meta.get('settings') == settings and all(bin_ok(out_dir, s, meta) for s in SPLITS):
+            print(f"{out_dir} is up to date ({meta['train_tokens']:,} train tokens); --force=True to redo it")
+            return meta
+
+    ds = load_source(c)
+    if c['text_column'] not in ds.column_names:
+        raise UserError(f"no column '{c['text_column']}' in {c['dataset']} (columns: {', '.join(ds.column_names)}): "
+                        f"set --text_column")
+    if len(ds) < 2:
+        raise UserError(f"{c['dataset']} has {len(ds)} document(s): a train and a val split need at least 2")
+    n_chars = sum(ds.map(lambda b: {'n': [len(t or '') for t in b[c['text_column']]]}, batched=True,
+                         remove_columns=ds.column_names)['n'])
+    if n_chars == 0:
+        raise UserError(f"{c['dataset']} is empty: every document's '{c['text_column']}' is blank")
+    split = ds.train_test_split(test_size=c['val_size'], seed=c['seed'], shuffle=True)
+    split['val'] = split.pop('test')
+
+    os.makedirs(out_dir, exist_ok=True)
+    meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype, source=c['dataset'],
+                settings=settings, documents=len(ds), characters=n_chars)
+    paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}
+    try:  # both bins complete under temporary names first: a failure leaves the old data as it was
+        for s in SPLITS:
+            tokenized = split[s].map(tokenize_batch, batched=True, num_proc=min(c['num_proc'], len(split[s])),
+                                     remove_columns=split[s].column_names, desc=f"tokenizing {s}",
+                                     fn_kwargs=dict(tokenizer=tok.name, column=c['text_column']))
+            meta[f'{s}_tokens'] = write_bin(tokenized, paths[s] + '.tmp', dtype)
+            meta[f'{s}_documents'] = len(split[s])
+        if os.path.exists(meta_path):
+            os.remove(meta_path)  # from here until the new meta.json, nothing vouches for the bins
+        for s in SPLITS:
+            os.replace(paths[s] + '.tmp', paths[s])
+        write_json(meta_path, meta)
+    finally:
+        for s in SPLITS:
+            if os.path.exists(paths[s] + '.tmp'):
+                os.remove(paths[s] + '.tmp')
+    print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({tok.name}, {dtype})")
+    return meta
+
+
+def main(argv=None):
+    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    print_config(c)
+    return prepare(c)
+
+
+if __name__ == '__main__':
+    run_main(main)
