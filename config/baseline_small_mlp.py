@@ -1,0 +1,6 @@
+# Baseline attention with a narrower MLP (2688 = 3.5 x 768): 117,295,872 parameters, the
+# reduced model's count, to separate "fewer parameters" from "no W_Q".
+out_dir = 'out-baseline-small-mlp'
+wandb_run_name = 'baseline-small-mlp'
+weight_decay = 0.1
+mlp_hidden = 2688

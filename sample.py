@@ -1,0 +1,134 @@
+"""
+Sample from a trained model, streaming tokens as they come:
+
+    python sample.py --out_dir=out-demo
+    python sample.py --out_dir=out-reduced --start="FILE:prompt.txt" --num_samples=3 --top_p=0.9
+    python sample.py --init_from=gpt2 --start="The meaning of life is"
+
+The checkpoint carries the model and the tokenizer, so nothing is repeated here. Decoding
+uses model.py's KV cache: the prompt is prefilled once, then one token per step.
+"""
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+
+from common import (UserError, get_tokenizer, load_checkpoint, model_from_checkpoint, parse_config, run_main,
+                    stream_decoder)
+
+DEFAULTS = dict(
+    out_dir='out',
+    init_from='resume',  # 'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local Hugging Face GPT-2 folder
+    start='\n',  # the prompt, or FILE:path to read it from a file
+    num_samples=3,
+    max_new_tokens=500,
+    temperature=0.8,  # 0 is greedy
+    top_k=200,  # None: no top-k filtering
+    top_p=None,  # nucleus sampling, in (0, 1]
+    stop_at_eot=True,  # end a sample at the end-of-text token
+    seed=1337,
+    device=None,  # None: cuda when available, else cpu
+    dtype=None,  # None: bfloat16 on cuda where supported, else float32
+    compile=False,
+    use_cache=True,  # False: recompute the whole context for every token (for comparison)
+)
+
+
+def check_settings(c):
+    if not isinstance(c['num_samples'], int) or c['num_samples'] < 1:
+        raise UserError(f"num_samples must be a positive integer, got {c['num_samples']!r}")
+    if not isinstance(c['max_new_tokens'], int) or c['max_new_tokens'] < 0:
+        raise UserError(f"max_new_tokens must be a non-negative integer, got {c['max_new_tokens']!r}")
+    if c['temperature'] < 0:
+        raise UserError(f"temperature must be >= 0 (0 is greedy), got {c['temperature']}")
+    if c['top_k'] is not None and (not isinstance(c['top_k'], int) or c['top_k'] <= 0):
+        raise UserError(f"top_k must be a positive integer or None, got {c['top_k']!r}")
+    if c['top_p'] is not None and not (isinstance(c['top_p'], (int, float)) and 0 < c['top_p'] <= 1):
+        raise UserError(f"top_p must be in (0, 1] or None, got {c['top_p']!r}")
+
+
+def load_model(c):
+    """(model, tokenizer) from out_dir/ckpt.pt or from GPT-2 weights."""
+    if c['init_from'] == 'resume':
+        ckpt = load_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'))
+        model = model_from_checkpoint(ckpt)
+        # nanoGPT checkpoints carry no tokenizer: theirs are GPT-2 BPE (OpenWebText, Shakespeare)
+        name = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')
+        return model, get_tokenizer(name)
+    from convert import load_gpt2
+    return load_gpt2(c['init_from']), get_tokenizer('gpt2')
+
+
+def read_prompt(start):
+    start = str(start)  # --start=42 parses as an int
+    if not start.startswith('FILE:'):
+        return start
+    path = start[5:]
+    if not os.path.isfile(path):
+        raise UserError(f"prompt file {path} not found")
+    with open(path, encoding='utf-8') as f:
+        return f.read()
+
+
+def encode_prompt(text, tok, model):
+    ids = tok.encode(text)
+    if not ids:
+        print("warning: empty prompt: starting from the end-of-text token", file=sys.stderr)
+        ids = [tok.eot]
+    vocab = model.config.vocab_size
+    if max(ids) >= vocab:
+        raise UserError(f"the prompt has token {max(ids)}, outside the model's vocabulary of {vocab}: "
+                        f"this checkpoint was not trained with the {tok.name} tokenizer")
+    bs = model.config.block_size
+    if len(ids) > bs:
+        print(f"warning: the prompt has {len(ids)} tokens, more than block_size {bs}: keeping the last {bs}",
+              file=sys.stderr)
+        ids = ids[-bs:]
+    return ids
+
+
+def sample(c):
+    check_settings(c)
+    prompt = read_prompt(c['start'])
+    device = c['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
+    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+    dtype = c['dtype'] or ('bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32')
+    if dtype not in ('float32', 'bfloat16', 'float16'):
+        raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    model, tok = load_model(c)
+    model.eval().to(device)
+    if c['compile']:
+        model.compile(dynamic=True)  # in place, so generate()'s own calls run compiled; positions vary
+    ids = encode_prompt(prompt, tok, model)
+    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, dtype))
+    generator = torch.Generator(device=device).manual_seed(c['seed'])
+    texts = []
+    for i in range(c['num_samples']):
+        print(f"---------- sample {i + 1} of {c['num_samples']} ----------")
+        decoder, pieces = stream_decoder(), []
+        print(decoder.decode(tok.decode_bytes(ids)), end='', flush=True)
+        x = torch.tensor([ids], dtype=torch.long, device=device)
+        with ctx:
+            stream = model.generate_stream(x, c['max_new_tokens'], c['temperature'], c['top_k'], c['top_p'],
+                                           c['use_cache'], generator)
+            for nxt in stream:
+                token = nxt.item()
+                if token == tok.eot and c['stop_at_eot']:
+                    break
+                piece = decoder.decode(tok.decode_bytes([token]))
+                pieces.append(piece)
+                print(piece, end='', flush=True)
+        tail = decoder.decode(b'', final=True)
+        print(tail)
+        texts.append(''.join(pieces) + tail)
+    return texts
+
+
+def main(argv=None):
+    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    return sample(c)
+
+
+if __name__ == '__main__':
+    run_main(main)

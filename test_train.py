@@ -1,0 +1,225 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import prepare
+import train
+from common import UserError, load_checkpoint, model_from_checkpoint, parse_config
+from model import GPT, GPTConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=2,
+            max_iters=20, eval_interval=10, eval_iters=2, log_interval=1, device='cpu', compile=False,
+            dtype='float32', learning_rate=1e-2, warmup_iters=2, lr_decay_iters=20, min_lr=1e-3, dropout=0.1)
+
+
+@pytest.fixture(scope='session')
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp('data')
+    docs = root / 'docs.jsonl'
+    text = ' '.join(prepare.pydocs_documents()[:60])
+    with open(docs, 'w') as f:
+        for i in range(0, len(text), 2000):
+            f.write(json.dumps({'text': text[i:i + 2000]}) + '\n')
+    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='byte', data_root=str(root), num_proc=1,
+                         out_name='tiny'))
+    return str(root)
+
+
+def argv(data_root, out_dir, **kw):
+    cfg = dict(TINY, dataset='tiny', data_root=data_root, out_dir=str(out_dir))
+    cfg.update(kw)
+    return [f'--{k}={v}' for k, v in cfg.items()]
+
+
+def run(data_root, out_dir, **kw):
+    train.main(argv(data_root, out_dir, **kw))
+    return read_log(out_dir)
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def losses(log):
+    """Everything in the log but the wall-clock fields."""
+    return [{k: v for k, v in e.items() if k not in ('dt_ms', 'tokens_per_s', 'mfu')} for e in log]
+
+
+def final_state(out_dir):
+    return load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))['model']
+
+
+def assert_same_state(a, b, exact=True):
+    assert a.keys() == b.keys()
+    for k in a:
+        if exact:
+            assert torch.equal(a[k], b[k]), k
+        else:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=2e-5, msg=k)
+
+
+def test_loss_falls_and_run_dir_has_everything(data_root, tmp_path):
+    log = run(data_root, tmp_path, max_iters=40, lr_decay_iters=40, dropout=0.0)
+    evals = [e for e in log if 'val_loss' in e]
+    assert [e['iter'] for e in evals] == [0, 10, 20, 30, 40]
+    assert evals[0]['val_loss'] > 5.0 and evals[-1]['val_loss'] < evals[0]['val_loss'] - 2.0
+    steps = [e for e in log if 'loss' in e]
+    assert [e['iter'] for e in steps] == list(range(1, 41))
+    assert steps[-1]['tokens'] == 40 * 2 * 4 * 32 and all(e['mfu'] is None for e in steps)  # no peak on CPU
+    ckpt = load_checkpoint(os.path.join(tmp_path, 'ckpt.pt'))  # weights_only=True
+    assert ckpt['iter_num'] == 40 and ckpt['config']['n_embd'] == 32 and ckpt['meta']['tokenizer'] == 'byte'
+    assert json.load(open(tmp_path / 'config.json'))['learning_rate'] == 1e-2
+
+
+def test_resume_is_bit_exact(data_root, tmp_path):
+    full = run(data_root, tmp_path / 'full')
+    first = run(data_root, tmp_path / 'resumed', max_iters=10)
+    assert first[-1]['iter'] == 10
+    resumed = run(data_root, tmp_path / 'resumed', init_from='resume')
+    assert losses(resumed) == losses(full)  # every logged loss, bit for bit, with dropout on
+    assert_same_state(final_state(tmp_path / 'full'), final_state(tmp_path / 'resumed'))
+
+
+def test_batches_are_matched_across_variants(data_root, tmp_path, monkeypatch):
+    seen = []
+    real = train.get_batch
+    monkeypatch.setattr(train, 'get_batch', lambda meta, split, offsets, *a: seen.append((split, offsets.tolist())) or real(meta, split, offsets, *a))
+    run(data_root, tmp_path / 'a', max_iters=6)
+    base, seen[:] = list(seen), []
+    run(data_root, tmp_path / 'b', max_iters=6, query_identity=True, weight_decay=2 ** -5, n_layer=1, seed=7)
+    # 6 steps x 2 micro-batches, plus the 2 fixed eval batches drawn from the train split
+    assert seen == base and len({tuple(o) for s, o in base if s == 'train'}) == 6 * 2 + 2
+    seen[:] = []
+    run(data_root, tmp_path / 'c', max_iters=6, data_seed=2)
+    assert [o for s, o in seen if s == 'train'] != [o for s, o in base if s == 'train']
+
+
+def test_ddp_two_processes_match_one_with_double_accumulation(data_root, tmp_path):
+    common = dict(dropout=0.0, max_iters=8, eval_interval=4, lr_decay_iters=8)
+    single = run(data_root, tmp_path / 'one', gradient_accumulation_steps=2, **common)
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+           *argv(data_root, tmp_path / 'two', gradient_accumulation_steps=2, **common)]
+    r = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'tokens per iteration: 256 (2 x 4 x 32, 2 process(es))' in r.stdout
+    double = read_log(tmp_path / 'two')
+    for a, b in zip(losses(single), losses(double), strict=True):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5) for k in a)
+    assert_same_state(final_state(tmp_path / 'one'), final_state(tmp_path / 'two'), exact=False)
+
+
+def test_sigterm_saves_a_checkpoint_that_resumes_exactly(data_root, tmp_path):
+    long = dict(max_iters=100000, lr_decay_iters=1000, eval_interval=1000, log_interval=1)
+    proc = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, tmp_path / 'sig', **long)], cwd=HERE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log_path = tmp_path / 'sig' / 'log.jsonl'
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log_path.exists() or len(log_path.read_text().splitlines()) < 5):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert 'stopped by a signal' in out
+    stopped_at = load_checkpoint(str(tmp_path / 'sig' / 'ckpt.pt'))['iter_num']
+    assert stopped_at >= 4
+    end = dict(long, max_iters=stopped_at + 5)
+    run(data_root, tmp_path / 'sig', init_from='resume', **end)
+    run(data_root, tmp_path / 'straight', **end)
+    assert_same_state(final_state(tmp_path / 'sig'), final_state(tmp_path / 'straight'))
+    assert losses(read_log(tmp_path / 'sig')) == losses(read_log(tmp_path / 'straight'))
+
+
+def test_nonfinite_loss_stops_and_keeps_the_good_checkpoint(data_root, tmp_path, monkeypatch):
+    run(data_root, tmp_path, max_iters=10)
+    good = (tmp_path / 'ckpt.pt').read_bytes()
+    real_forward = GPT.forward
+    calls = []
+
+    def poisoned(self, idx, targets=None, cache=None):
+        logits, loss = real_forward(self, idx, targets, cache)
+        calls.append(1)
+        return logits, (loss * float('nan') if self.training and len(calls) > 3 else loss)
+    monkeypatch.setattr(GPT, 'forward', poisoned)
+    with pytest.raises(UserError, match='non-finite'):
+        run(data_root, tmp_path, init_from='resume', max_iters=20, log_interval=100)
+    assert (tmp_path / 'ckpt.pt').read_bytes() == good
+
+
+def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path):
+    run(data_root, tmp_path, compile=True, max_iters=2, eval_interval=2, dropout=0.0, n_layer=1)
+    ckpt = load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])
+    model = model_from_checkpoint(ckpt, verbose=False)  # strict load into a plain GPT
+    assert model.get_num_params() == GPT(GPTConfig(**ckpt['model_args']), verbose=False).get_num_params()
+
+
+@pytest.mark.parametrize('kw,message', [
+    (dict(learning_rat=1e-3), "unknown config key 'learning_rat' (did you mean 'learning_rate'?)"),
+    (dict(batch_size='big'), 'batch_size must be int'),
+    (dict(dataset='nope'), 'no prepared dataset at'),
+    (dict(vocab_size=128), "vocab_size 128 is smaller than the dataset's 257"),
+    (dict(query_identity=True, key_identity=True), 'at most one of'),
+    (dict(block_size=10 ** 9), 'too few for block_size'),
+    (dict(init_from='resume'), 'no checkpoint at'),
+    (dict(dtype='float8'), 'dtype must be'),
+])
+def test_bad_config_fails_clearly(data_root, tmp_path, kw, message):
+    with pytest.raises(UserError, match=message.replace('(', r'\(').replace(')', r'\)').replace('?', r'\?')):
+        run(data_root, tmp_path, **kw)
+
+
+def test_resume_rejects_a_dataset_the_model_cannot_read(data_root, tmp_path):
+    run(data_root, tmp_path, max_iters=2, eval_interval=2)
+    with pytest.raises(UserError, match="block_size 64 is longer than the model's 32"):
+        run(data_root, tmp_path, init_from='resume', block_size=64, max_iters=4)
+
+
+def test_cli_errors_are_one_line(data_root, tmp_path):
+    r = subprocess.run([sys.executable, 'train.py', 'config/nope.py'], cwd=HERE, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: config file 'config/nope.py' not found (arguments are config files and --key=value)"]
+    r = subprocess.run([sys.executable, 'train.py', *argv(data_root, tmp_path, dataset='missing')], cwd=HERE,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and 'prepare.py --dataset=missing' in r.stderr
+
+
+PAPER_CONFIGS = {  # config file: (total params, attention scale, weight decay)
+    'baseline': (124_373_760, 1 / 8, 0.1),
+    'reduced': (117_295_872, 1 / 16, 0.03125),
+    'reduced_mlp': (124_373_760, 1 / 16, 0.03125),
+    'baseline_small_mlp': (117_295_872, 1 / 8, 0.1),
+    'baseline_small': (117_915_816, 62 ** -0.5, 0.1),
+}
+
+
+@pytest.mark.parametrize('name', PAPER_CONFIGS)
+def test_paper_configs(name):
+    c = parse_config(train.DEFAULTS, [os.path.join(HERE, 'config', f'{name}.py')])
+    params, scale, wd = PAPER_CONFIGS[name]
+    with torch.device('meta'):
+        model = GPT(GPTConfig(**train.model_args_from(c, {'vocab_size': 50257})), verbose=False)
+    assert model.get_num_params() == params and model.config.scale == pytest.approx(scale)
+    assert c['weight_decay'] == wd and c['batch_size'] * c['block_size'] * c['gradient_accumulation_steps'] == 491_520
+    assert (c['learning_rate'], c['min_lr'], c['warmup_iters'], c['lr_decay_iters'], c['max_iters']) == (6e-4, 6e-5, 2000, 600_000, 100_000)
+    assert c['dtype'] in (None, 'bfloat16') and c['eval_interval'] == 1000 and c['eval_iters'] == 200
+
+
+def test_demo_config_parses():
+    c = parse_config(train.DEFAULTS, [os.path.join(HERE, 'config', 'demo.py')])
+    assert c['dataset'] == 'pydocs' and c['device'] == 'cpu' and c['query_identity']
+
+
+def test_lr_schedule():
+    c = dict(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110, decay_lr=True)
+    assert train.lr_at(0, c) == pytest.approx(1 / 11) and train.lr_at(10, c) == pytest.approx(1.0)
+    assert train.lr_at(60, c) == pytest.approx(0.55) and train.lr_at(110, c) == pytest.approx(0.1)
+    assert train.lr_at(500, c) == 0.1
