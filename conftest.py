@@ -1,6 +1,9 @@
 """Test environment: offline, with the byte-exact GPT-2 BPE cache when one is laid beside the checkout."""
+import json
 import os
 import tempfile
+
+import pytest
 
 _root = os.path.dirname(os.path.abspath(__file__))
 _cache = os.path.join(_root, '..', 'shared', 'tiktoken_cache')
@@ -10,3 +13,18 @@ if 'TIKTOKEN_CACHE_DIR' not in os.environ and os.path.isdir(_cache):
 os.environ['HF_HOME'] = tempfile.mkdtemp(prefix='kvgpt-hf-')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_DISABLE_PROGRESS_BARS', '1')
+
+
+@pytest.fixture(scope='session')
+def data_root(tmp_path_factory):
+    """A small byte-level dataset 'tiny' (~140k tokens of stdlib docs), prepared once per session."""
+    import prepare
+    root = tmp_path_factory.mktemp('data')
+    docs = root / 'docs.jsonl'
+    text = ' '.join(prepare.pydocs_documents()[:60])
+    with open(docs, 'w') as f:
+        for i in range(0, len(text), 2000):
+            f.write(json.dumps({'text': text[i:i + 2000]}) + '\n')
+    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='byte', data_root=str(root), num_proc=1,
+                         out_name='tiny'))
+    return str(root)

@@ -42,6 +42,7 @@ class GPTConfig:
     norm: bool = True  # False: no LayerNorm anywhere (where the theorems are exact)
     mlp_residual: bool = True  # False: the skip connection surrounds only the attention
     share_layers: bool = False  # one block's weights reused n_layer times (ALBERT-style)
+    activation: str = 'gelu'  # 'gelu_tanh': OpenAI GPT-2's approximation, for its imported weights
 
     def __post_init__(self):
         if self.mlp_hidden is None:
@@ -61,6 +62,8 @@ class GPTConfig:
         if (self.key_identity or self.value_identity) and self.n_kv_head != self.n_head:
             raise ValueError("key_identity/value_identity need n_kv_head == n_head: "
                              "with grouped-query attention K and V are narrower than the input, so they cannot be the identity")
+        if self.activation not in ('gelu', 'gelu_tanh'):
+            raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.attn_scale is not None and not self.attn_scale > 0:
@@ -151,9 +154,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.approximate = 'tanh' if config.activation == 'gelu_tanh' else 'none'
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))
 
 
 def make_norm(config):
@@ -247,7 +251,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None  # inference: only the last position is needed
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):

@@ -19,19 +19,6 @@ TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradien
             dtype='float32', learning_rate=1e-2, warmup_iters=2, lr_decay_iters=20, min_lr=1e-3, dropout=0.1)
 
 
-@pytest.fixture(scope='session')
-def data_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp('data')
-    docs = root / 'docs.jsonl'
-    text = ' '.join(prepare.pydocs_documents()[:60])
-    with open(docs, 'w') as f:
-        for i in range(0, len(text), 2000):
-            f.write(json.dumps({'text': text[i:i + 2000]}) + '\n')
-    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='byte', data_root=str(root), num_proc=1,
-                         out_name='tiny'))
-    return str(root)
-
-
 def argv(data_root, out_dir, **kw):
     cfg = dict(TINY, dataset='tiny', data_root=data_root, out_dir=str(out_dir))
     cfg.update(kw)

@@ -54,7 +54,7 @@ DEFAULTS = dict(
     n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=False, tie_weights=True,
     vocab_size=None,  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
     mlp_hidden=None, query_identity=False, key_identity=False, value_identity=False,
-    attn_scale=None, n_kv_head=None, norm=True, mlp_residual=True, share_layers=False,
+    attn_scale=None, n_kv_head=None, norm=True, mlp_residual=True, share_layers=False, activation='gelu',
     # AdamW and the learning-rate schedule
     learning_rate=6e-4,
     max_iters=100000,
@@ -309,11 +309,14 @@ def _train(c, ddp, rank, world, device, master):
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
     optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']), device_type)
     iter_num, best_val_loss = 0, float('inf')
+    if ckpt is not None and 'optimizer' not in ckpt and master:
+        print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a fresh AdamW")
     if ckpt is not None:
-        optimizer.load_state_dict(ckpt['optimizer'])
+        if 'optimizer' in ckpt:
+            optimizer.load_state_dict(ckpt['optimizer'])
         if ckpt.get('scaler'):
             scaler.load_state_dict(ckpt['scaler'])
-        iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
+        iter_num, best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
         set_rng_state(ckpt.get('rng', []), rank, device)
         ckpt = None  # free memory
     if master:

@@ -1,0 +1,238 @@
+"""
+The paper's theorems as a tool: turn a trained standard checkpoint into a query_identity
+one by a change of basis of the residual stream, and verify it.
+
+    python convert.py --in_dir=out-theory --out_dir=out-theory-qid
+    python convert.py --in_dir=out-demo --out_dir=out-demo-qid --approximate=True
+
+Attention reads its input x only through x W_Q, x W_K, x W_V. If the stream entering a
+layer is written in the basis Theta = W_Q (x' = x Theta), then Theta^-1 W_Q = I and the
+query weight is gone; Theta^-1 goes into every weight that reads the stream (W_K, W_V,
+the MLP input, the LM head) and Theta into every weight that writes it (embeddings,
+attention and MLP output projections). This is exact when nothing between those weights
+depends on the basis, i.e. without normalization, and when one Theta can serve every layer:
+  - a single layer (theorem 4.1: "free lunch"),
+  - skip connections around the attention only, so each layer's MLP output starts a fresh
+    stream in the next layer's basis (theorem 4.2),
+  - all layers sharing one block's weights, hence one W_Q (theorem 4.3).
+LayerNorm normalizes coordinates, which a change of basis does not commute with: the
+standard pre-LN GPT is refused unless --approximate=True, which writes the best-effort
+conversion (one Theta, the first layer's W_Q; every other W_Q replaced by I) and reports
+the gap, a starting point for fine-tuning.
+
+Also here: load_gpt2(), OpenAI GPT-2 weights as a baseline model (init_from=gpt2*).
+"""
+import os
+import sys
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from common import (UserError, clean_state_dict, load_checkpoint, model_from_checkpoint, parse_config,
+                    print_config, run_main, save_checkpoint)
+from model import GPT, GPTConfig
+
+DEFAULTS = dict(
+    in_dir='out',  # the standard checkpoint to convert (in_dir/ckpt.pt)
+    out_dir=None,  # where the query_identity checkpoint goes; None: in_dir + '-qid'
+    approximate=False,  # allow the settings where the conversion cannot be exact
+    max_cond=1e6,  # refuse a W_Q whose condition number is larger
+    data_root='data',  # held-out tokens for the check: data_root/<checkpoint's dataset>/val.bin
+    check_tokens=4096,
+    seed=1337,
+)
+
+
+def exactness(cfg):
+    """None when the change of basis is exact for this architecture, else the reason it is not."""
+    if cfg.norm:
+        return ("the model has LayerNorm, which does not commute with a change of basis "
+                "(train with norm=False for an exact conversion)")
+    if cfg.n_layer > 1 and cfg.mlp_residual and not cfg.share_layers:
+        return (f"{cfg.n_layer} layers with their own W_Q and skip connections around the MLP: one basis of the "
+                "residual stream cannot make every W_Q the identity (theorems 4.2/4.3 need attention-only skips "
+                "or shared weights)")
+    return None
+
+
+def split_attn(cfg, sd_prefix, sd):
+    """W_Q, W_K, W_V of one block in row-vector form (x @ W), and the biases."""
+    C, kv = cfg.n_embd, cfg.n_kv_head * cfg.head_dim
+    w = sd[f'{sd_prefix}attn.c_attn.weight'].T
+    b = sd.get(f'{sd_prefix}attn.c_attn.bias')
+    Wq, Wk, Wv = w[:, :C], w[:, C:C + kv], w[:, C + kv:]
+    bq, bk, bv = (None, None, None) if b is None else (b[:C], b[C:C + kv], b[C + kv:])
+    return Wq, Wk, Wv, bq, bk, bv
+
+
+def check_conditioning(W, layer, max_cond):
+    cond = torch.linalg.cond(W).item()
+    if not np.isfinite(cond) or cond > max_cond:
+        raise UserError(f"W_Q of layer {layer} is singular or ill-conditioned (condition number {cond:.3g} > "
+                        f"max_cond {max_cond:.3g}): it cannot be inverted reliably, so it is not converted")
+    return cond
+
+
+def convert_state(sd, cfg, approximate, max_cond):
+    """(new state dict, new config, report) in float64; sd holds float64 tensors."""
+    n_blocks = 1 if cfg.share_layers else cfg.n_layer
+    prefixes = [f'transformer.h.{i}.' for i in range(n_blocks)]
+    Wqs = [split_attn(cfg, p, sd)[0] for p in prefixes]
+    per_layer = not cfg.mlp_residual and not cfg.share_layers
+    # with one basis for every layer only the first W_Q is inverted (the rest, approximate mode, become I)
+    conds = [check_conditioning(W, i, max_cond) for i, W in enumerate(Wqs if per_layer else Wqs[:1])]
+    # the basis of the stream entering each block, and the one after the last block
+    bases = Wqs if per_layer else [Wqs[0]] * n_blocks
+    final = torch.eye(cfg.n_embd, dtype=torch.float64) if per_layer else bases[0]
+    out = {}
+    for i, p in enumerate(prefixes):
+        P = bases[i]
+        N = (bases[i + 1] if i + 1 < n_blocks else final) if per_layer else P  # where the MLP writes
+        Pi = torch.linalg.inv(P)
+        Wq, Wk, Wv, bq, bk, bv = split_attn(cfg, p, sd)
+        if bq is not None and bq.abs().max() > 0 and not approximate:
+            raise UserError(f"layer {i} has a non-zero query bias: it adds a per-key term to the logits that "
+                            "no identity query can reproduce; use --approximate=True to drop it")
+        out[f'{p}attn.c_attn.weight'] = torch.cat([Pi @ Wk, Pi @ Wv], dim=1).T  # reads the stream
+        if bk is not None:
+            out[f'{p}attn.c_attn.bias'] = torch.cat([bk, bv])
+        out[f'{p}attn.c_proj.weight'] = (sd[f'{p}attn.c_proj.weight'].T @ P).T  # writes the stream
+        out[f'{p}mlp.c_fc.weight'] = (Pi @ sd[f'{p}mlp.c_fc.weight'].T).T
+        out[f'{p}mlp.c_proj.weight'] = (sd[f'{p}mlp.c_proj.weight'].T @ N).T
+        for name, basis in (('attn.c_proj.bias', P), ('mlp.c_proj.bias', N)):
+            if f'{p}{name}' in sd:
+                out[f'{p}{name}'] = sd[f'{p}{name}'] @ basis
+        if f'{p}mlp.c_fc.bias' in sd:
+            out[f'{p}mlp.c_fc.bias'] = sd[f'{p}mlp.c_fc.bias']
+        for k in sd:  # LayerNorms (approximate mode only) pass through unchanged
+            if k.startswith(p) and '.ln_' in k:
+                out[k] = sd[k]
+    out['transformer.wte.weight'] = sd['transformer.wte.weight'] @ bases[0]
+    out['transformer.wpe.weight'] = sd['transformer.wpe.weight'] @ bases[0]
+    out['lm_head.weight'] = sd['lm_head.weight'] @ torch.linalg.inv(final).T  # logits = h W^T
+    for k in sd:
+        if k.startswith('transformer.ln_f.'):
+            out[k] = sd[k]
+    new_cfg = GPTConfig(**{**asdict(cfg), 'query_identity': True, 'attn_scale': cfg.scale, 'tie_weights': False})
+    return out, new_cfg, dict(condition_numbers=conds, untied=cfg.tie_weights)
+
+
+def check_tokens(ckpt, c, vocab, block_size):
+    """Held-out tokens of the checkpoint's own dataset when prepared here, else random ones."""
+    cfg = ckpt.get('config') or {}
+    path = os.path.join(c['data_root'], str(cfg.get('dataset', '')), 'val.bin')
+    meta = ckpt.get('meta') or {}
+    g = torch.Generator().manual_seed(c['seed'])
+    n = max(1, c['check_tokens'] // block_size)
+    if cfg.get('dataset') and os.path.exists(path) and 'dtype' in meta:
+        data = np.memmap(path, dtype=meta['dtype'], mode='r')
+        if len(data) > block_size + 1:
+            starts = torch.randint(len(data) - block_size - 1, (n,), generator=g).tolist()
+            x = torch.from_numpy(np.stack([data[s:s + block_size + 1] for s in starts]).astype(np.int64))
+            return x[:, :-1], x[:, 1:], f'held-out tokens of {path}'
+    x = torch.randint(vocab, (n, block_size + 1), generator=g)
+    return x[:, :-1], x[:, 1:], 'random tokens (no prepared val.bin found)'
+
+
+@torch.no_grad()
+def compare(a, b, x, y):
+    """Max |logit difference| and both losses, all positions."""
+    la, loss_a = a(x, y)
+    lb, loss_b = b(x, y)
+    return (la - lb).abs().max().item(), loss_a.item(), loss_b.item()
+
+
+def convert(c):
+    ckpt = load_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'))
+    src = model_from_checkpoint(ckpt, verbose=False)
+    cfg = src.config
+    if cfg.query_identity or cfg.key_identity or cfg.value_identity:
+        raise UserError("the checkpoint already has an identity attention weight: convert a standard model")
+    reason = exactness(cfg)
+    if reason and not c['approximate']:
+        raise UserError(f"refusing: the conversion would not be exact because {reason}. "
+                        "Pass --approximate=True to write the best-effort conversion and measure its gap")
+    sd64 = {k: v.double() for k, v in clean_state_dict(src.state_dict()).items()}
+    new_sd, new_cfg, report = convert_state(sd64, cfg, c['approximate'], c['max_cond'])
+    dst = GPT(new_cfg, verbose=False).double()
+    dst.load_state_dict(new_sd)
+    src = src.double().eval()
+    dst.eval()
+    x, y, where = check_tokens(ckpt, c, cfg.vocab_size, cfg.block_size)
+    d64 = compare(src, dst, x, y)
+    d32 = compare(src.float(), dst.float(), x, y)
+    before, after = src.param_breakdown(), dst.param_breakdown()
+    out_dir = c['out_dir'] or c['in_dir'].rstrip('/') + '-qid'
+    os.makedirs(out_dir, exist_ok=True)
+    result = dict(exact=reason is None, reason=reason, check=where, max_logit_diff_float64=d64[0],
+                  max_logit_diff_float32=d32[0], loss_before=d32[1], loss_after=d32[2],
+                  attention_params_before=before['attention'], attention_params_after=after['attention'],
+                  condition_numbers=report['condition_numbers'], untied=report['untied'])
+    save_checkpoint(dict(model=dst.float().state_dict(), model_args=asdict(new_cfg), iter_num=ckpt.get('iter_num', 0),
+                         best_val_loss=float(ckpt.get('best_val_loss', float('inf'))), config=ckpt.get('config', {}),
+                         meta=ckpt.get('meta', {}), converted_from=os.path.abspath(c['in_dir']), conversion=result),
+                    os.path.join(out_dir, 'ckpt.pt'))
+    print(f"{'exact' if reason is None else 'APPROXIMATE'} conversion, checked on {where}:")
+    print(f"  max |logit difference|: {d64[0]:.3e} (float64), {d32[0]:.3e} (float32)")
+    print(f"  loss: {d32[1]:.6f} before, {d32[2]:.6f} after")
+    print(f"  attention parameters: {before['attention']:,} -> {after['attention']:,} "
+          f"(-{before['attention'] - after['attention']:,} = {cfg.n_layer if not cfg.share_layers else 1} x n_embd^2)")
+    print(f"  W_Q condition numbers: {', '.join(f'{k:.3g}' for k in report['condition_numbers'])}")
+    if report['untied']:
+        print("  note: the LM head was tied to the token embedding; a non-orthogonal change of basis "
+              "unties them (tie_weights=False)")
+    if reason:
+        print(f"  why not exact: {reason}")
+    print(f"wrote {out_dir}/ckpt.pt")
+    return result
+
+
+# -----------------------------------------------------------------------------
+# OpenAI GPT-2 weights (Hugging Face format) as a baseline model
+
+GPT2_SIZES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
+
+
+def load_gpt2(name_or_path, dropout=0.0):
+    """A GPT from OpenAI GPT-2 weights: a hub name (gpt2..gpt2-xl) or a local folder saved by
+    transformers. Conv1D weights are stored transposed; the MLP uses GPT-2's tanh GELU."""
+    if name_or_path not in GPT2_SIZES and not os.path.isdir(str(name_or_path)):
+        raise UserError(f"init_from must be scratch, resume, one of {', '.join(GPT2_SIZES)} or a local GPT-2 "
+                        f"folder; got {name_or_path!r}")
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        raise UserError("loading GPT-2 weights needs transformers: `pip install transformers`") from None
+    try:
+        hf = GPT2LMHeadModel.from_pretrained(name_or_path)
+    except Exception as e:
+        raise UserError(f"cannot load GPT-2 weights '{name_or_path}' ({type(e).__name__}): without network, "
+                        "save them once with transformers and pass the folder") from None
+    h = hf.config
+    act = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu'}.get(h.activation_function)
+    if act is None:
+        raise UserError(f"unsupported GPT-2 activation {h.activation_function!r}")
+    cfg = GPTConfig(n_layer=h.n_layer, n_head=h.n_head, n_embd=h.n_embd, block_size=h.n_positions,
+                    vocab_size=h.vocab_size, bias=True, tie_weights=True, dropout=dropout,
+                    mlp_hidden=h.n_inner or 4 * h.n_embd, activation=act)
+    model = GPT(cfg)
+    transposed = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+    sd = {k: v for k, v in hf.state_dict().items() if not k.endswith(('.attn.bias', '.attn.masked_bias'))}
+    ours = model.state_dict()
+    with torch.no_grad():
+        for k, v in sd.items():
+            if k not in ours:
+                raise UserError(f"unexpected tensor {k} in the GPT-2 weights")
+            ours[k].copy_(v.T if k.endswith(transposed) else v)
+    return model
+
+
+def main(argv=None):
+    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    print_config(c)
+    return convert(c)
+
+
+if __name__ == '__main__':
+    run_main(main)
