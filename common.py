@@ -162,12 +162,15 @@ def atomic_write(path, write):
             os.remove(tmp)
 
 
-def write_json(path, obj):
+def write_text(path, text):
     def write(tmp):
         with open(tmp, 'w') as f:
-            json.dump(obj, f, indent=2)
-            f.write('\n')
+            f.write(text)
     atomic_write(path, write)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=2) + '\n')
 
 
 def read_json(path, what):
@@ -184,12 +187,13 @@ def save_checkpoint(ckpt, path):
     atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
 
 
-def load_checkpoint(path, map_location='cpu'):
-    """weights_only=True: a checkpoint from someone else cannot run code on load."""
+def load_checkpoint(path, map_location='cpu', mmap=False):
+    """weights_only=True: a checkpoint from someone else cannot run code on load. mmap=True
+    reads tensors lazily (cheap when only model_args are wanted)."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}: train one first, or point --out_dir at a run directory")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot read checkpoint {path}: {first[:200]} (corrupt, truncated, or not a checkpoint)") from None
@@ -209,15 +213,19 @@ def clean_state_dict(state_dict):
     return out
 
 
-def model_from_checkpoint(ckpt, verbose=True):
-    """A GPT from a kvgpt or nanoGPT checkpoint (nanoGPT's model_args lack the new fields:
-    they take their defaults, which describe nanoGPT's baseline model exactly)."""
+def model_config(model_args):
+    """GPTConfig from a kvgpt or nanoGPT checkpoint's model_args (nanoGPT's lack the new
+    fields: they take their defaults, which describe nanoGPT's baseline model exactly)."""
     from dataclasses import fields
-    from model import GPT, GPTConfig
+    from model import GPTConfig
     known = {f.name for f in fields(GPTConfig)}
-    args = {k: v for k, v in ckpt['model_args'].items() if k in known}
+    return GPTConfig(**{k: v for k, v in model_args.items() if k in known})
+
+
+def model_from_checkpoint(ckpt, verbose=True):
+    from model import GPT
     try:
-        model = GPT(GPTConfig(**args), verbose=verbose)
+        model = GPT(model_config(ckpt['model_args']), verbose=verbose)
         model.load_state_dict(clean_state_dict(ckpt['model']))
     except (ValueError, RuntimeError, TypeError) as e:
         raise UserError(f"checkpoint weights do not fit its model_args: {str(e).splitlines()[0][:300]}") from None

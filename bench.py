@@ -1,0 +1,247 @@
+"""
+Measure speed, side by side, in one process:
+
+    python bench.py                                   # train steps: baseline vs reduced vs reduced_mlp
+    python bench.py --n_layer=4 --n_embd=256 --block_size=256 --batch_size=8
+    python bench.py --mode=sample --variants=reduced  # KV cache vs full recomputation, 500 new tokens
+    python bench.py --mode=prepare --tokenizer=gpt2   # prepare.py tokens/s vs the tokenizer alone
+
+Train mode alternates the variants step by step, so drift of a shared machine hits all
+of them alike, and reports medians. On a GPU, MFU is against the device's bf16 peak; on a
+CPU, achieved FLOP/s is compared with this machine's own measured matmul throughput.
+Each configuration also prints one JSON line (prefixed "json:").
+"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from common import UserError, parse_config, run_main
+from model import GPT, GPTConfig, device_peak_flops
+
+DEFAULTS = dict(
+    mode='train',  # train | sample | prepare
+    variants='baseline,reduced,reduced_mlp',
+    n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304,
+    batch_size=4,
+    steps=10,  # timed steps per variant (train mode)
+    warmup=2,  # untimed steps per variant first (compilation happens here)
+    device=None,  # None: cuda when available, else cpu
+    dtype=None,  # None: bfloat16 on cuda, float32 on cpu
+    compile=None,  # None: on for cuda
+    dataset=None,  # train on real tokens from data/<dataset>/train.bin; None: random tokens
+    data_root='data',
+    max_new_tokens=500,  # sample mode
+    prompt_tokens=16,  # sample mode
+    tokenizer='gpt2',  # prepare mode
+    num_proc=2,  # prepare mode
+    seed=1337,
+)
+
+
+def variant_config(name, c):
+    """The paper's variants at any geometry: reduced drops n_embd^2 per layer, the larger
+    MLP gives it back as n_embd/2 more hidden units (paper: 3072 -> 3456)."""
+    C = c['n_embd']
+    table = {
+        'baseline': {},
+        'reduced': dict(query_identity=True),
+        'reduced_mlp': dict(query_identity=True, mlp_hidden=4 * C + C // 2),
+        'baseline_small_mlp': dict(mlp_hidden=4 * C - C // 2),
+        'key_identity': dict(key_identity=True),
+        'value_identity': dict(value_identity=True),
+    }
+    if name not in table:
+        raise UserError(f"unknown variant '{name}': choose from {', '.join(table)}")
+    geometry = {k: c[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size')}
+    return GPTConfig(**geometry, **table[name])
+
+
+def sync(device):
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+
+
+def cpu_matmul_flops(dtype=torch.float32, n=2048, reps=5):
+    """This machine's own matmul throughput: the ceiling a CPU figure is compared with."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def batches(c, device):
+    g = torch.Generator().manual_seed(c['seed'])
+    shape = (c['batch_size'], c['block_size'] + 1)
+    if c['dataset']:
+        path = os.path.join(c['data_root'], c['dataset'], 'train.bin')
+        meta_path = os.path.join(c['data_root'], c['dataset'], 'meta.json')
+        if not os.path.exists(meta_path):
+            raise UserError(f"no prepared dataset at {os.path.dirname(path)}: run prepare.py or leave out --dataset")
+        data = np.memmap(path, dtype=json.load(open(meta_path))['dtype'], mode='r')
+        starts = torch.randint(len(data) - shape[1], (shape[0],), generator=g).tolist()
+        xy = torch.from_numpy(np.stack([data[s:s + shape[1]] for s in starts]).astype(np.int64))
+    else:
+        xy = torch.randint(c['vocab_size'], shape, generator=g)
+    return xy[:, :-1].contiguous().to(device), xy[:, 1:].contiguous().to(device)
+
+
+def bench_train(c, device, dtype, compile_):
+    names = c['variants'].split(',')
+    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+    ctx = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+    x, y = batches(c, device)
+    runs = []
+    for name in names:
+        torch.manual_seed(c['seed'])
+        model = GPT(variant_config(name, c), verbose=False).to(device)
+        opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
+        step_fn = torch.compile(model) if compile_ else model
+        runs.append(dict(name=name, model=model, opt=opt, fn=step_fn, times=[], peak=0))
+
+    def step(r):
+        with ctx:
+            _, loss = r['fn'](x, y)
+        loss.backward()
+        r['opt'].step()
+        r['opt'].zero_grad(set_to_none=True)
+
+    for r in runs:
+        for _ in range(c['warmup']):
+            step(r)
+    for _ in range(c['steps']):
+        for r in runs:  # alternate: drift hits every variant alike
+            sync(device)
+            if device_type == 'cuda':
+                torch.cuda.reset_peak_memory_stats(device)
+                base = torch.cuda.memory_allocated(device)
+            t0 = time.perf_counter()
+            step(r)
+            sync(device)
+            r['times'].append(time.perf_counter() - t0)
+            if device_type == 'cuda':
+                r['peak'] = max(r['peak'], torch.cuda.max_memory_allocated(device) - base)
+    tokens = c['batch_size'] * c['block_size']
+    peak = device_peak_flops(device)
+    ceiling = None if peak else cpu_matmul_flops(dtype if dtype != torch.float16 else torch.float32)
+    results = []
+    for r in runs:
+        model = r['model']
+        dt = statistics.median(r['times'])
+        state = sum(p.numel() * p.element_size() * 2 for p in model.parameters())  # weights + grads
+        state += sum(t.numel() * t.element_size() for s in r['opt'].state.values() for t in s.values() if torch.is_tensor(t))
+        achieved = model.flops_per_token(c['block_size']) * tokens / dt
+        results.append(dict(variant=r['name'], params=model.get_num_params(), ms_per_step=dt * 1000,
+                            tokens_per_s=tokens / dt, flops_per_token=model.flops_per_token(c['block_size']),
+                            achieved_tflops=achieved / 1e12, mfu=achieved / peak if peak else None,
+                            matmul_ceiling_tflops=None if peak else ceiling / 1e12,
+                            fraction_of_matmul=None if peak else achieved / ceiling,
+                            state_mb=state / 2 ** 20, step_peak_mb=r['peak'] / 2 ** 20 if r['peak'] else None,
+                            spread_ms=(min(r['times']) * 1000, max(r['times']) * 1000)))
+    ref = results[0]
+    print(f"\n{c['batch_size']} x {c['block_size']} tokens per step, {c['n_layer']}L/{c['n_head']}H/{c['n_embd']}d, "
+          f"{device} {dtype}, compile={compile_}, median of {c['steps']} alternated steps")
+    print(f"{'variant':<20}{'params':>12}{'ms/step':>10}{'tokens/s':>11}{'vs first':>10}{'FLOP ratio':>11}"
+          f"{'TFLOP/s':>9}{'MFU' if peak else '% of mm':>9}{'state MB':>10}")
+    for r in results:
+        util = r['mfu'] if peak else r['fraction_of_matmul']
+        print(f"{r['variant']:<20}{r['params']:>12,}{r['ms_per_step']:>10.1f}{r['tokens_per_s']:>11,.0f}"
+              f"{r['ms_per_step'] / ref['ms_per_step']:>10.3f}{r['flops_per_token'] / ref['flops_per_token']:>11.3f}"
+              f"{r['achieved_tflops']:>9.3f}{100 * util:>8.1f}%{r['state_mb']:>10.1f}")
+    for r in results:
+        print('json: ' + json.dumps(dict(mode='train', device=torch.cuda.get_device_name(device) if peak else 'cpu', **r)))
+    return results
+
+
+def bench_sample(c, device, dtype, compile_):
+    name = c['variants'].split(',')[0]
+    torch.manual_seed(c['seed'])
+    model = GPT(variant_config(name, c), verbose=False).to(device).eval()
+    if compile_:
+        model.compile(dynamic=True)
+    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+    ctx = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+    prompt = torch.randint(c['vocab_size'], (1, c['prompt_tokens']), generator=torch.Generator().manual_seed(c['seed']))
+    prompt = prompt.to(device)
+    out, times = {}, {}
+    with ctx:
+        model.generate(prompt, 4, temperature=0.0)  # warm up
+        for use_cache in (True, False):
+            sync(device)
+            t0 = time.perf_counter()
+            out[use_cache] = model.generate(prompt, c['max_new_tokens'], temperature=0.0, use_cache=use_cache)
+            sync(device)
+            times[use_cache] = time.perf_counter() - t0
+    n = c['max_new_tokens']
+    result = dict(mode='sample', variant=name, params=model.get_num_params(), new_tokens=n,
+                  cached_tokens_per_s=n / times[True], uncached_tokens_per_s=n / times[False],
+                  speedup=times[False] / times[True], same_tokens=bool(torch.equal(out[True], out[False])))
+    print(f"\n{name}, {model.get_num_params():,} params, {n} new tokens after a {c['prompt_tokens']}-token prompt, "
+          f"{device} {dtype}:")
+    print(f"  KV cache:       {result['cached_tokens_per_s']:8.1f} tokens/s")
+    print(f"  recompute all:  {result['uncached_tokens_per_s']:8.1f} tokens/s")
+    print(f"  speedup {result['speedup']:.1f}x; identical greedy tokens: {result['same_tokens']}")
+    print('json: ' + json.dumps(result))
+    return result
+
+
+def bench_prepare(c):
+    """prepare.py's end-to-end tokens/s (load, split, tokenize in num_proc workers, write)
+    against the tokenizer alone in one process, times num_proc: the ideal parallel speed."""
+    import prepare
+    from common import get_tokenizer
+    tok = get_tokenizer(c['tokenizer'])
+    docs = prepare.pydocs_documents()
+    t0 = time.perf_counter()
+    n = sum(len(tok.encode(d)) + 1 for d in docs)
+    single = n / (time.perf_counter() - t0)
+    with tempfile.TemporaryDirectory() as root:
+        t0 = time.perf_counter()
+        meta = prepare.prepare(dict(prepare.DEFAULTS, dataset='pydocs', tokenizer=c['tokenizer'], data_root=root,
+                                    num_proc=c['num_proc'], force=True))
+        wall = time.perf_counter() - t0
+    total = meta['train_tokens'] + meta['val_tokens']
+    assert total == n, (total, n)
+    result = dict(mode='prepare', tokenizer=c['tokenizer'], tokens=total, num_proc=c['num_proc'],
+                  tokenizer_tokens_per_s=single, prepare_tokens_per_s=total / wall,
+                  fraction_of_ideal=total / wall / (single * c['num_proc']))
+    print(f"\npydocs, {total:,} tokens ({c['tokenizer']}):")
+    print(f"  tokenizer alone, 1 process: {single:12,.0f} tokens/s")
+    print(f"  prepare.py, num_proc={c['num_proc']}:     {result['prepare_tokens_per_s']:12,.0f} tokens/s "
+          f"({100 * result['fraction_of_ideal']:.0f}% of {c['num_proc']} x the tokenizer alone, end to end)")
+    print('json: ' + json.dumps(result))
+    return result
+
+
+def main(argv=None):
+    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    if c['mode'] == 'prepare':
+        return bench_prepare(c)
+    device = c['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
+    on_cuda = device.startswith('cuda')
+    dtype_name = c['dtype'] or ('bfloat16' if on_cuda else 'float32')
+    if dtype_name not in ('float32', 'bfloat16', 'float16'):
+        raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype_name}")
+    dtype = getattr(torch, dtype_name)
+    compile_ = on_cuda if c['compile'] is None else c['compile']
+    if on_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    if c['mode'] == 'train':
+        return bench_train(c, device, dtype, compile_)
+    if c['mode'] == 'sample':
+        return bench_sample(c, device, dtype, compile_)
+    raise UserError(f"mode must be train, sample or prepare, got {c['mode']!r}")
+
+
+if __name__ == '__main__':
+    run_main(main)
