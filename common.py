@@ -183,6 +183,18 @@ def read_json(path, what):
         raise UserError(f"{what} at {path} is not valid JSON ({e}); delete it and regenerate it") from None
 
 
+def read_jsonl(path):
+    """The entries of a JSON-lines log, without a last line cut short by a crash."""
+    entries = []
+    with open(path) as f:
+        for line in f:
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return entries
+
+
 def save_checkpoint(ckpt, path):
     atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
 

@@ -6,15 +6,14 @@ table (parameters, final and best val loss, difference against the first run, to
 
 The first run is the reference. matplotlib is needed for the PNG only.
 """
-import json
 import os
 import statistics
 import sys
 
 import torch
 
-from common import (UserError, atomic_write, load_checkpoint, model_config, parse_config, read_json, run_main,
-                    write_text)
+from common import (UserError, atomic_write, load_checkpoint, model_config, parse_config, read_json, read_jsonl,
+                    run_main, write_text)
 from model import GPT
 
 DEFAULTS = dict(
@@ -28,8 +27,7 @@ def read_run(out_dir):
     log_path = os.path.join(out_dir, 'log.jsonl')
     if not os.path.exists(log_path):
         raise UserError(f"no log.jsonl in {out_dir}: is it a train.py run directory?")
-    with open(log_path) as f:
-        log = [json.loads(line) for line in f if line.strip()]
+    log = read_jsonl(log_path)
     config = read_json(os.path.join(out_dir, 'config.json'), 'config.json')
     evals = [e for e in log if 'val_loss' in e]
     steps = [e for e in log if 'loss' in e]

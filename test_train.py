@@ -8,7 +8,6 @@ import time
 import pytest
 import torch
 
-import prepare
 import train
 from common import UserError, load_checkpoint, model_from_checkpoint, parse_config
 from model import GPT, GPTConfig
@@ -210,3 +209,19 @@ def test_lr_schedule():
     assert train.lr_at(0, c) == pytest.approx(1 / 11) and train.lr_at(10, c) == pytest.approx(1.0)
     assert train.lr_at(60, c) == pytest.approx(0.55) and train.lr_at(110, c) == pytest.approx(0.1)
     assert train.lr_at(500, c) == 0.1
+
+
+def test_eval_only_evaluates_and_writes_nothing(data_root, tmp_path, capsys):
+    run(data_root, tmp_path, max_iters=10)
+    good = (tmp_path / 'ckpt.pt').read_bytes()
+    log = run(data_root, tmp_path, init_from='resume', eval_only=True)
+    assert 'iter 10: train loss' in capsys.readouterr().out
+    assert (tmp_path / 'ckpt.pt').read_bytes() == good and log[-1]['iter'] == 10 and 'val_loss' in log[-1]
+
+
+def test_resume_survives_a_log_line_cut_short(data_root, tmp_path):
+    run(data_root, tmp_path, max_iters=10)
+    with open(tmp_path / 'log.jsonl', 'a') as f:
+        f.write('{"iter": 11, "lo')  # a crash in the middle of a write
+    log = run(data_root, tmp_path, init_from='resume', max_iters=12)
+    assert [e['iter'] for e in log][-4:] == [10, 11, 12, 12]

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import (UserError, load_checkpoint, model_from_checkpoint, parse_config, print_config, read_json,
-                    run_main, save_checkpoint, write_json)
+                    read_jsonl, run_main, save_checkpoint, write_json, write_text)
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -242,14 +242,9 @@ def truncate_log(path, resume_iter):
     checkpoint, and the evaluation at its iteration (the step that reached it stays)."""
     if not os.path.exists(path):
         return
-    def kept(e):
-        return e['iter'] < resume_iter or (e['iter'] == resume_iter and 'val_loss' not in e)
-    with open(path) as f:
-        keep = [line for line in f if line.strip() and kept(json.loads(line))]
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
+    keep = [e for e in read_jsonl(path)
+            if e['iter'] < resume_iter or (e['iter'] == resume_iter and 'val_loss' not in e)]
+    write_text(path, ''.join(json.dumps(e) + '\n' for e in keep))
 
 
 class Logger:
@@ -298,12 +293,12 @@ def _train(c, ddp, rank, world, device, master):
     torch.manual_seed(c['seed'] + rank)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+    meta = load_data_meta(c)
     if master:
         print_config(c)
         os.makedirs(c['out_dir'], exist_ok=True)
         write_json(os.path.join(c['out_dir'], 'config.json'), c)
     tokens_per_iter = c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
-    meta = load_data_meta(c)
     model, ckpt = build_model(c, meta, master)
     model.to(device)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
@@ -423,10 +418,12 @@ def _train(c, ddp, rank, world, device, master):
                     dt_ms=dt * 1000, tokens_per_s=tokens_per_iter / dt, mfu=mfu)
             iters_since_log, t_last = 0, time.time()
 
-        flag = torch.tensor(float(stop['signal'] is not None), device=device)
+        stop_now = stop['signal'] is not None
         if ddp:  # every rank must agree to stop at the same step, or the next collective hangs
+            flag = torch.tensor(float(stop_now), device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0:
+            stop_now = flag.item() > 0
+        if stop_now:
             check_finite(nonfinite)
             save('signal')
             if master:
