@@ -41,6 +41,7 @@ DEFAULTS = dict(
     prompt_tokens=16,  # sample mode
     tokenizer='gpt2',  # prepare mode
     num_proc=2,  # prepare mode
+    repeat=10,  # prepare mode: copies of pydocs in the corpus
     seed=1337,
 )
 
@@ -196,26 +197,31 @@ def bench_sample(c, device, dtype, compile_):
 
 
 def bench_prepare(c):
-    """prepare.py's end-to-end tokens/s (load, split, tokenize in num_proc workers, write)
-    against the tokenizer alone in one process, times num_proc: the ideal parallel speed."""
+    """prepare.py end to end (load, split, tokenize in num_proc workers, write) on a JSONL
+    file, as a corpus on disk is prepared, against the tokenizer alone in one process times
+    num_proc: the ideal parallel speed. The corpus is pydocs repeated `repeat` times."""
     import prepare
     from common import get_tokenizer
     tok = get_tokenizer(c['tokenizer'])
-    docs = prepare.pydocs_documents()
+    docs = prepare.pydocs_documents() * c['repeat']
     t0 = time.perf_counter()
     n = sum(len(tok.encode(d)) + 1 for d in docs)
     single = n / (time.perf_counter() - t0)
     with tempfile.TemporaryDirectory() as root:
+        src = os.path.join(root, 'corpus.jsonl')
+        with open(src, 'w') as f:
+            for d in docs:
+                f.write(json.dumps({'text': d}) + '\n')
         t0 = time.perf_counter()
-        meta = prepare.prepare(dict(prepare.DEFAULTS, dataset='pydocs', tokenizer=c['tokenizer'], data_root=root,
+        meta = prepare.prepare(dict(prepare.DEFAULTS, dataset=src, tokenizer=c['tokenizer'], data_root=root,
                                     num_proc=c['num_proc'], force=True))
         wall = time.perf_counter() - t0
     total = meta['train_tokens'] + meta['val_tokens']
     assert total == n, (total, n)
-    result = dict(mode='prepare', tokenizer=c['tokenizer'], tokens=total, num_proc=c['num_proc'],
+    result = dict(mode='prepare', tokenizer=c['tokenizer'], tokens=total, documents=len(docs), num_proc=c['num_proc'],
                   tokenizer_tokens_per_s=single, prepare_tokens_per_s=total / wall,
                   fraction_of_ideal=total / wall / (single * c['num_proc']))
-    print(f"\npydocs, {total:,} tokens ({c['tokenizer']}):")
+    print(f"\npydocs x {c['repeat']} as JSONL, {len(docs):,} documents, {total:,} tokens ({c['tokenizer']}):")
     print(f"  tokenizer alone, 1 process: {single:12,.0f} tokens/s")
     print(f"  prepare.py, num_proc={c['num_proc']}:     {result['prepare_tokens_per_s']:12,.0f} tokens/s "
           f"({100 * result['fraction_of_ideal']:.0f}% of {c['num_proc']} x the tokenizer alone, end to end)")

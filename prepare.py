@@ -129,22 +129,27 @@ def short(e):
 
 def tokenize_batch(batch, tokenizer, column):
     tok = get_tokenizer(tokenizer)  # per worker process, cached
-    ids = [tok.encode(text or '') + [tok.eot] for text in batch[column]]
-    return {'ids': ids, 'len': [len(x) for x in ids]}
+    texts = [text or '' for text in batch[column]]
+    ids = [tok.encode(text) + [tok.eot] for text in texts]
+    return {'ids': ids, 'len': [len(x) for x in ids], 'chars': [len(t) for t in texts]}
 
 
-def write_bin(ds, path, dtype, n_shards=1024):
-    """Shard by shard into a memmap: memory stays flat for OpenWebText's 8M documents."""
-    total = int(np.sum(ds['len'], dtype=np.uint64))
-    if total == 0:
-        raise UserError(f"no tokens for {os.path.basename(path)}: the corpus is too small")
+def column_sum(ds, name):
+    import pyarrow.compute as pc
+    return int(pc.sum(ds.data.column(name)).as_py() or 0)
+
+
+def write_bin(ds, path, dtype):
+    """Straight from the Arrow chunks of the tokenized column into a memmap: memory stays
+    bounded by one chunk for OpenWebText's 8M documents. (map() writes a fresh table in
+    row order, so the chunks are the documents in order.)"""
+    total = column_sum(ds, 'len')
     arr = np.memmap(path, dtype=dtype, mode='w+', shape=(total,))
-    idx, n_shards = 0, min(n_shards, len(ds))
-    for i in range(n_shards):
-        shard = ds.shard(num_shards=n_shards, index=i, contiguous=True).with_format('numpy')
-        chunk = np.concatenate(list(shard['ids'])) if len(shard) else np.zeros(0, dtype)
-        arr[idx:idx + len(chunk)] = chunk
-        idx += len(chunk)
+    idx = 0
+    for chunk in ds.data.column('ids').chunks:
+        values = chunk.flatten().to_numpy()
+        arr[idx:idx + len(values)] = values
+        idx += len(values)
     assert idx == total, (idx, total)
     arr.flush()
     del arr
@@ -205,12 +210,14 @@ def prepare(c):
                         f"set --text_column")
     if len(ds) < 2:
         raise UserError(f"{c['dataset']} has {len(ds)} document(s): a train and a val split need at least 2")
-    n_chars = sum(ds.map(lambda b: {'n': [len(t or '') for t in b[c['text_column']]]}, batched=True,
-                         remove_columns=ds.column_names)['n'])
-    if n_chars == 0:
-        raise UserError(f"{c['dataset']} is empty: every document's '{c['text_column']}' is blank")
     split = ds.train_test_split(test_size=c['val_size'], seed=c['seed'], shuffle=True)
     split['val'] = split.pop('test')
+    tokenized = {s: split[s].map(tokenize_batch, batched=True, num_proc=min(c['num_proc'], len(split[s])),
+                                 remove_columns=split[s].column_names, desc=f"tokenizing {s}",
+                                 fn_kwargs=dict(tokenizer=tok.name, column=c['text_column'])) for s in SPLITS}
+    n_chars = sum(column_sum(tokenized[s], 'chars') for s in SPLITS)
+    if n_chars == 0:
+        raise UserError(f"{c['dataset']} is empty: every document's '{c['text_column']}' is blank")
 
     os.makedirs(out_dir, exist_ok=True)
     meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype, source=c['dataset'],
@@ -218,10 +225,7 @@ def prepare(c):
     paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}
     try:  # both bins complete under temporary names first: a failure leaves the old data as it was
         for s in SPLITS:
-            tokenized = split[s].map(tokenize_batch, batched=True, num_proc=min(c['num_proc'], len(split[s])),
-                                     remove_columns=split[s].column_names, desc=f"tokenizing {s}",
-                                     fn_kwargs=dict(tokenizer=tok.name, column=c['text_column']))
-            meta[f'{s}_tokens'] = write_bin(tokenized, paths[s] + '.tmp', dtype)
+            meta[f'{s}_tokens'] = write_bin(tokenized[s], paths[s] + '.tmp', dtype)
             meta[f'{s}_documents'] = len(split[s])
         if os.path.exists(meta_path):
             os.remove(meta_path)  # from here until the new meta.json, nothing vouches for the bins

@@ -37,7 +37,7 @@ def test_bench_sample_compares_cache_with_recomputation(capsys):
 
 
 def test_bench_prepare_counts_every_token():
-    r = bench.main(['--mode=prepare', '--tokenizer=byte', '--num_proc=1'])
+    r = bench.main(['--mode=prepare', '--tokenizer=byte', '--num_proc=1', '--repeat=1'])
     assert r['tokens'] > 2_000_000 and r['prepare_tokens_per_s'] > 0 and 0 < r['fraction_of_ideal']
 
 
