@@ -65,12 +65,16 @@ def test_loss_falls_and_run_dir_has_everything(data_root, tmp_path):
     assert json.load(open(tmp_path / 'config.json'))['learning_rate'] == 1e-2
 
 
-def test_resume_is_bit_exact(data_root, tmp_path):
-    full = run(data_root, tmp_path / 'full')
-    first = run(data_root, tmp_path / 'resumed', max_iters=10)
+@pytest.mark.parametrize('dtype', ['float32', 'float16'])  # float16: the GradScaler's state must resume too
+def test_resume_is_bit_exact(data_root, tmp_path, dtype):
+    full = run(data_root, tmp_path / 'full', dtype=dtype)
+    first = run(data_root, tmp_path / 'resumed', max_iters=10, dtype=dtype)
     assert first[-1]['iter'] == 10
-    resumed = run(data_root, tmp_path / 'resumed', init_from='resume')
+    resumed = run(data_root, tmp_path / 'resumed', init_from='resume', dtype=dtype)
     assert losses(resumed) == losses(full)  # every logged loss, bit for bit, with dropout on
+    if dtype == 'float16':  # a scaler restarted from scratch would count 10 steps since growth, not 20
+        scalers = [load_checkpoint(str(tmp_path / d / 'ckpt.pt'))['scaler'] for d in ('full', 'resumed')]
+        assert scalers[0] == scalers[1] and scalers[0]['_growth_tracker'] == 20
     assert_same_state(final_state(tmp_path / 'full'), final_state(tmp_path / 'resumed'))
 
 
