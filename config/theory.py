@@ -1,6 +1,6 @@
 # The paper's exact setting for W_Q elimination in every layer (theorem 4.2): no LayerNorm,
 # skip connections around the attention only. A standard (full W_Q) model on the embedded
-# corpus, ~2 minutes on 2 CPU cores; then `python convert.py --in_dir=out-theory` rewrites it
+# corpus, a few minutes on 2 CPU cores; then `python convert.py --in_dir=out-theory` rewrites it
 # with W_Q = I and identical outputs. Untied embeddings: a non-orthogonal change of basis
 # cannot keep the LM head tied to the token embedding.
 out_dir = 'out-theory'
