@@ -182,3 +182,15 @@ def test_pickled_code_in_a_checkpoint_is_refused(tmp_path):
     torch.save({'model': {}, 'model_args': {}, 'x': Evil()}, tmp_path / 'ckpt.pt')
     r = cli(f'--out_dir={tmp_path}')
     assert r.returncode == 2 and 'pwned' not in r.stdout and 'cannot read checkpoint' in r.stderr
+
+
+@pytest.mark.parametrize('trained', ['byte'], indirect=True)
+def test_prompt_tokens_outside_the_vocabulary_are_refused(tmp_path, trained):
+    """A byte-level model (vocab 320) whose checkpoint claims the gpt2 tokenizer."""
+    _, out = trained
+    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    ckpt['meta']['tokenizer'] = 'gpt2'
+    (tmp_path / 'run').mkdir()
+    torch.save(ckpt, tmp_path / 'run' / 'ckpt.pt')
+    with pytest.raises(UserError, match=r"outside the model's vocabulary of 320: .*not trained with the gpt2 tokenizer"):
+        sample.sample(dict(sample.DEFAULTS, out_dir=str(tmp_path / 'run'), start='def main', device='cpu'))

@@ -229,3 +229,35 @@ def test_resume_survives_a_log_line_cut_short(data_root, tmp_path):
         f.write('{"iter": 11, "lo')  # a crash in the middle of a write
     log = run(data_root, tmp_path, init_from='resume', max_iters=12)
     assert [e['iter'] for e in log][-4:] == [10, 11, 12, 12]
+
+
+def test_sigterm_under_torchrun_saves_once_for_all_ranks(data_root, tmp_path):
+    """torchrun forwards SIGTERM to every worker; the ranks agree on one step and rank 0 saves."""
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    out = tmp_path / 'ddp'
+    proc = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                             'train.py', *argv(data_root, out, max_iters=100000, lr_decay_iters=1000,
+                                               eval_interval=1000, dropout=0.0)],
+                            cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not (out / 'log.jsonl').exists() or len((out / 'log.jsonl').read_text().splitlines()) < 5):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=90)
+    assert stdout.count('stopped by a signal') == 1 and stdout.count('(signal)') == 1
+    ckpt = load_checkpoint(str(out / 'ckpt.pt'))
+    assert ckpt['iter_num'] >= 4 and len(ckpt['rng']) == 2
+    log = run(data_root, out, init_from='resume', max_iters=ckpt['iter_num'] + 2, dropout=0.0,
+              lr_decay_iters=1000, eval_interval=1000)
+    assert log[-1]['iter'] == ckpt['iter_num'] + 2
+
+
+def test_init_from_a_gpt2_folder(data_root, tmp_path):
+    transformers = pytest.importorskip('transformers', reason='transformers is the optional GPT-2 import dependency')
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=50257)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / 'gpt2-tiny')
+    run(data_root, tmp_path / 'run', init_from=str(tmp_path / 'gpt2-tiny'), max_iters=2, eval_interval=2, dropout=0.0)
+    args = load_checkpoint(str(tmp_path / 'run' / 'ckpt.pt'))['model_args']
+    assert args['activation'] == 'gelu_tanh' and args['bias'] and args['vocab_size'] == 50257
+    with pytest.raises(UserError, match="block_size 64 is longer than the model's 32"):
+        run(data_root, tmp_path / 'run2', init_from=str(tmp_path / 'gpt2-tiny'), block_size=64)

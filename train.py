@@ -10,6 +10,7 @@ variant, every restart and every world size sees the same token windows at the s
 step, which is what makes the paper's side-by-side comparisons fair. Checkpoints are
 written atomically, never from a non-finite state, and resuming continues bit for bit.
 """
+import gc
 import json
 import math
 import os
@@ -275,6 +276,11 @@ def train(c):
     master = rank == 0
     try:
         _train(c, ddp, rank, world, device, master)
+        if ddp:
+            # Free the DDP wrapper (its reducer holds gloo work) while the group is alive, and let
+            # rank 0 finish writing: either torn down late aborts the process (SIGABRT) at exit.
+            gc.collect()
+            dist.barrier()
     finally:
         if ddp:
             dist.destroy_process_group()
