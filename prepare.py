@@ -115,7 +115,12 @@ def load_source(c):
     try:
         return datasets.load_dataset(hub_id, split='train', num_proc=c['num_proc'])
     except Exception as e:
-        raise UserError(f"cannot load '{hub_id}' from the Hugging Face hub ({short(e)}); without network, "
+        if 'scripts are no longer supported' in str(e):
+            # Skylion007/openwebtext shipped such a script until at least late 2025 (nanoGPT issue #633)
+            raise UserError(f"'{hub_id}' is loaded by a dataset script, which datasets {datasets.__version__} no longer "
+                            f"runs: point --hub_id at a parquet copy of it, or pass downloaded files with "
+                            f"--dataset=path/to/files") from None
+        raise UserError(f"cannot load '{hub_id}' from the Hugging Face hub ({short(e)}); if offline, "
                         f"pass local files instead: --dataset=path/to/docs.jsonl (or .txt, .parquet, a folder of them)") from None
 
 

@@ -160,3 +160,13 @@ def test_cli_error_is_one_line_without_traceback(tmp_path):
     r = subprocess.run([sys.executable, 'prepare.py', '--nmu_proc=2'], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.abspath(__file__)))
     assert r.returncode == 2 and "unknown config key 'nmu_proc' (did you mean 'num_proc'?)" in r.stderr
+
+
+def test_hub_dataset_with_a_loading_script_says_what_to_do(tmp_path, monkeypatch):
+    import datasets
+
+    def script_only(*a, **k):  # what datasets >= 4 raises for a script-based hub repository
+        raise RuntimeError('Dataset scripts are no longer supported, but found openwebtext.py')
+    monkeypatch.setattr(datasets, 'load_dataset', script_only)
+    with pytest.raises(UserError, match=r"'Skylion007/openwebtext' is loaded by a dataset script.*--hub_id"):
+        run(tmp_path)
