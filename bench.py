@@ -17,12 +17,11 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 
-from common import UserError, parse_config, run_main
+from common import UserError, autocast, parse_config, pick_device, pick_precision, run_main
 from model import GPT, GPTConfig, device_peak_flops
 
 DEFAULTS = dict(
@@ -33,7 +32,7 @@ DEFAULTS = dict(
     steps=10,  # timed steps per variant (train mode)
     warmup=2,  # untimed steps per variant first (compilation happens here)
     device=None,  # None: cuda when available, else cpu
-    dtype=None,  # None: bfloat16 on cuda, float32 on cpu
+    dtype=None,  # None: bfloat16 on cuda where supported, float32 on cpu
     compile=None,  # None: on for cuda
     dataset=None,  # train on real tokens from data/<dataset>/train.bin; None: random tokens
     data_root='data',
@@ -100,7 +99,7 @@ def batches(c, device):
 def bench_train(c, device, dtype, compile_):
     names = c['variants'].split(',')
     device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-    ctx = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+    ctx = autocast(device, dtype)
     x, y = batches(c, device)
     runs = []
     for name in names:
@@ -134,7 +133,7 @@ def bench_train(c, device, dtype, compile_):
                 r['peak'] = max(r['peak'], torch.cuda.max_memory_allocated(device) - base)
     tokens = c['batch_size'] * c['block_size']
     peak = device_peak_flops(device)
-    ceiling = None if peak else cpu_matmul_flops(dtype if dtype != torch.float16 else torch.float32)
+    ceiling = None if peak else cpu_matmul_flops(torch.float32 if dtype == 'float16' else getattr(torch, dtype))
     results = []
     for r in runs:
         model = r['model']
@@ -170,8 +169,7 @@ def bench_sample(c, device, dtype, compile_):
     model = GPT(variant_config(name, c), verbose=False).to(device).eval()
     if compile_:
         model.compile(dynamic=True)
-    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-    ctx = nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+    ctx = autocast(device, dtype)
     prompt = torch.randint(c['vocab_size'], (1, c['prompt_tokens']), generator=torch.Generator().manual_seed(c['seed']))
     prompt = prompt.to(device)
     out, times = {}, {}
@@ -233,12 +231,9 @@ def main(argv=None):
     c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     if c['mode'] == 'prepare':
         return bench_prepare(c)
-    device = c['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
+    device = pick_device(c['device'])
     on_cuda = device.startswith('cuda')
-    dtype_name = c['dtype'] or ('bfloat16' if on_cuda else 'float32')
-    if dtype_name not in ('float32', 'bfloat16', 'float16'):
-        raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype_name}")
-    dtype = getattr(torch, dtype_name)
+    dtype = pick_precision(c['dtype'], device)
     compile_ = on_cuda if c['compile'] is None else c['compile']
     if on_cuda:
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import types
+from contextlib import nullcontext
 
 import torch
 
@@ -91,6 +92,28 @@ def print_config(config):
     width = max(map(len, config))
     for key, value in config.items():
         print(f"  {key:<{width}} = {value!r}")
+
+
+# -----------------------------------------------------------------------------
+# device and precision: one rule for every script
+
+def pick_device(device):
+    return device or ('cuda' if torch.cuda.is_available() else 'cpu')
+
+
+def pick_precision(dtype, device):
+    """A dtype name: bfloat16 on a CUDA device that has it, else float32, unless one is named."""
+    dtype = dtype or ('bfloat16' if device.startswith('cuda') and torch.cuda.is_bf16_supported() else 'float32')
+    if dtype not in ('float32', 'bfloat16', 'float16'):
+        raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    return dtype
+
+
+def autocast(device, dtype):
+    """Mixed precision for a dtype name; float32 runs as it is."""
+    if dtype == 'float32':
+        return nullcontext()
+    return torch.autocast('cuda' if device.startswith('cuda') else 'cpu', dtype=getattr(torch, dtype))
 
 
 # -----------------------------------------------------------------------------

@@ -10,12 +10,10 @@ uses model.py's KV cache: the prompt is prefilled once, then one token per step.
 """
 import os
 import sys
-from contextlib import nullcontext
-
 import torch
 
-from common import (UserError, get_tokenizer, load_checkpoint, model_from_checkpoint, parse_config, run_main,
-                    stream_decoder)
+from common import (UserError, autocast, get_tokenizer, load_checkpoint, model_from_checkpoint, parse_config,
+                    pick_device, pick_precision, run_main, stream_decoder)
 
 DEFAULTS = dict(
     out_dir='out',
@@ -91,17 +89,14 @@ def encode_prompt(text, tok, model):
 def sample(c):
     check_settings(c)
     prompt = read_prompt(c['start'])
-    device = c['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
-    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-    dtype = c['dtype'] or ('bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32')
-    if dtype not in ('float32', 'bfloat16', 'float16'):
-        raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    device = pick_device(c['device'])
+    dtype = pick_precision(c['dtype'], device)
     model, tok = load_model(c)
     model.eval().to(device)
     if c['compile']:
         model.compile(dynamic=True)  # in place, so generate()'s own calls run compiled; positions vary
     ids = encode_prompt(prompt, tok, model)
-    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, dtype))
+    ctx = autocast(device, dtype)
     generator = torch.Generator(device=device).manual_seed(c['seed'])
     texts = []
     for i in range(c['num_samples']):

@@ -25,8 +25,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (UserError, load_checkpoint, model_from_checkpoint, parse_config, print_config, read_json,
-                    read_jsonl, run_main, save_checkpoint, write_json, write_text)
+from common import (UserError, autocast, load_checkpoint, model_from_checkpoint, parse_config, pick_device,
+                    pick_precision, print_config, read_json, read_jsonl, run_main, save_checkpoint, write_json,
+                    write_text)
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -83,7 +84,7 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig)]
 def setup_distributed(c):
     """(ddp, rank, local_rank, world_size, device); torchrun sets RANK/LOCAL_RANK/WORLD_SIZE."""
     ddp = int(os.environ.get('RANK', -1)) != -1
-    device = c['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
+    device = pick_device(c['device'])
     if not ddp:
         return False, 0, 0, 1, device
     rank, local_rank, world = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
@@ -92,14 +93,6 @@ def setup_distributed(c):
         torch.cuda.set_device(device)
     dist.init_process_group(backend=c['backend'] or ('nccl' if device.startswith('cuda') else 'gloo'))
     return True, rank, local_rank, world, device
-
-
-def resolve_precision(c, device_type):
-    dtype = c['dtype'] or ('bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32')
-    if dtype not in ('float32', 'bfloat16', 'float16'):
-        raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
-    compile_ = device_type == 'cuda' if c['compile'] is None else c['compile']
-    return dtype, compile_
 
 
 def load_data_meta(c):
@@ -295,7 +288,8 @@ def _train(c, ddp, rank, world, device, master):
             raise UserError(f"{key} must be positive, got {c[key]}")
     accum = c['gradient_accumulation_steps'] // world
     device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-    dtype, compile_ = resolve_precision(c, device_type)
+    dtype = pick_precision(c['dtype'], device)
+    compile_ = device_type == 'cuda' if c['compile'] is None else c['compile']
     torch.manual_seed(c['seed'] + rank)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -328,7 +322,7 @@ def _train(c, ddp, rank, world, device, master):
         model = torch.compile(model)
     if ddp:
         model = DDP(model, device_ids=[int(device.split(':')[1])] if device_type == 'cuda' else None)
-    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, dtype))
+    ctx = autocast(device, dtype)
     log_path = os.path.join(c['out_dir'], 'log.jsonl')
     if master:
         truncate_log(log_path, iter_num)
