@@ -97,21 +97,20 @@ def load_source(c):
     name = c['dataset']
     if name == 'pydocs':
         return datasets.Dataset.from_dict({c['text_column']: pydocs_documents()})
-    if is_local(name):
-        builder, files = local_files(os.path.expanduser(name))
+    # openwebtext loads from hub_id, which may also be a local copy with the same schema
+    source = c['hub_id'] if name == 'openwebtext' else name
+    if is_local(source):
+        builder, files = local_files(os.path.expanduser(source))
         # .txt: one file is one document (the text builder would otherwise split lines)
         extra = {'sample_by': 'document'} if builder == 'text' else {}
         try:
             ds = datasets.load_dataset(builder, data_files=files, split='train', **extra)
         except Exception as e:
-            raise UserError(f"cannot read {name} as {builder}: {short(e)}") from None
+            raise UserError(f"cannot read {source} as {builder}: {short(e)}") from None
         if builder == 'text' and c['text_column'] != 'text':
             ds = ds.rename_column('text', c['text_column'])
         return ds
-    hub_id = c['hub_id'] if name == 'openwebtext' else name
-    if is_local(hub_id):  # a local copy of the hub dataset (same schema): same path from here on
-        builder, files = local_files(os.path.expanduser(hub_id))
-        return datasets.load_dataset(builder, data_files=files, split='train')
+    hub_id = source
     try:
         return datasets.load_dataset(hub_id, split='train', num_proc=c['num_proc'])
     except Exception as e:
