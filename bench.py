@@ -18,10 +18,10 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 
-from common import UserError, autocast, parse_config, pick_device, pick_precision, run_main
+from common import (UserError, autocast, parse_config, pick_device, pick_precision, read_json, read_windows,
+                    run_main)
 from model import GPT, GPTConfig, device_peak_flops
 
 DEFAULTS = dict(
@@ -88,9 +88,9 @@ def batches(c, device):
         meta_path = os.path.join(c['data_root'], c['dataset'], 'meta.json')
         if not os.path.exists(meta_path):
             raise UserError(f"no prepared dataset at {os.path.dirname(path)}: run prepare.py or leave out --dataset")
-        data = np.memmap(path, dtype=json.load(open(meta_path))['dtype'], mode='r')
-        starts = torch.randint(len(data) - shape[1], (shape[0],), generator=g).tolist()
-        xy = torch.from_numpy(np.stack([data[s:s + shape[1]] for s in starts]).astype(np.int64))
+        meta = read_json(meta_path, 'meta.json')
+        starts = torch.randint(meta['train_tokens'] - shape[1], (shape[0],), generator=g).tolist()
+        xy = read_windows(path, meta['dtype'], starts, shape[1])
     else:
         xy = torch.randint(c['vocab_size'], shape, generator=g)
     return xy[:, :-1].contiguous().to(device), xy[:, 1:].contiguous().to(device)

@@ -206,6 +206,14 @@ def read_json(path, what):
         raise UserError(f"{what} at {path} is not valid JSON ({e}); delete it and regenerate it") from None
 
 
+def read_windows(path, dtype, starts, length):
+    """Token windows data[s:s+length] of a prepared bin, as an int64 tensor (len(starts), length).
+    A fresh memmap each call: nanoGPT's fix for the memory growth of a long-lived one."""
+    import numpy as np
+    data = np.memmap(path, dtype=dtype, mode='r')
+    return torch.from_numpy(np.stack([data[s:s + length] for s in starts]).astype(np.int64))
+
+
 def read_jsonl(path):
     """The entries of a JSON-lines log, without a last line cut short by a crash."""
     entries = []

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from common import (UserError, clean_state_dict, load_checkpoint, model_from_checkpoint, parse_config,
-                    print_config, run_main, save_checkpoint)
+                    print_config, read_windows, run_main, save_checkpoint)
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -126,10 +126,10 @@ def check_tokens(ckpt, c, vocab, block_size):
     g = torch.Generator().manual_seed(c['seed'])
     n = max(1, c['check_tokens'] // block_size)
     if cfg.get('dataset') and os.path.exists(path) and 'dtype' in meta:
-        data = np.memmap(path, dtype=meta['dtype'], mode='r')
-        if len(data) > block_size + 1:
-            starts = torch.randint(len(data) - block_size - 1, (n,), generator=g).tolist()
-            x = torch.from_numpy(np.stack([data[s:s + block_size + 1] for s in starts]).astype(np.int64))
+        n_tokens = os.path.getsize(path) // np.dtype(meta['dtype']).itemsize
+        if n_tokens > block_size + 1:
+            starts = torch.randint(n_tokens - block_size - 1, (n,), generator=g).tolist()
+            x = read_windows(path, meta['dtype'], starts, block_size + 1)
             return x[:, :-1], x[:, 1:], f'held-out tokens of {path}'
     x = torch.randint(vocab, (n, block_size + 1), generator=g)
     return x[:, :-1], x[:, 1:], 'random tokens (no prepared val.bin found)'

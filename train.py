@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import (UserError, autocast, load_checkpoint, model_from_checkpoint, parse_config, pick_device,
-                    pick_precision, print_config, read_json, read_jsonl, run_main, save_checkpoint, write_json,
+                    pick_precision, print_config, read_json, read_jsonl, read_windows, run_main, save_checkpoint, write_json,
                     write_text)
 from model import GPT, GPTConfig
 
@@ -161,10 +161,8 @@ def step_offsets(n_tokens, block_size, count, *key):
 
 
 def get_batch(meta, split, offsets, block_size, device):
-    # a fresh memmap per batch: nanoGPT's fix for the memory growth of a long-lived one
-    data = np.memmap(os.path.join(meta['data_dir'], f'{split}.bin'), dtype=meta['dtype'], mode='r')
-    x = torch.from_numpy(np.stack([data[i:i + block_size] for i in offsets]).astype(np.int64))
-    y = torch.from_numpy(np.stack([data[i + 1:i + 1 + block_size] for i in offsets]).astype(np.int64))
+    xy = read_windows(os.path.join(meta['data_dir'], f'{split}.bin'), meta['dtype'], offsets, block_size + 1)
+    x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
     if device.startswith('cuda'):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x, y
