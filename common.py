@@ -12,6 +12,7 @@ import os
 import sys
 import types
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 
@@ -102,11 +103,62 @@ def pick_device(device):
 
 
 def pick_precision(dtype, device):
-    """A dtype name: bfloat16 on a CUDA device that has it, else float32, unless one is named."""
-    dtype = dtype or ('bfloat16' if device.startswith('cuda') and torch.cuda.is_bf16_supported() else 'float32')
+    """A dtype name: bfloat16 on a CUDA device with native bf16, float16 (with a GradScaler in
+    train.py) on an older one, float32 on CPU, unless one is named. torch counts emulated bf16 as
+    supported by default: V100/T4 would then train eager (inductor skips it) with slow bf16."""
+    if dtype is None and device.startswith('cuda'):
+        dtype = 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'
+    dtype = dtype or 'float32'
     if dtype not in ('float32', 'bfloat16', 'float16'):
         raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
     return dtype
+
+
+@dataclass
+class DeviceSetup:
+    device: str  # 'cpu', 'cuda', 'cuda:3'
+    dtype: str  # 'float32' | 'bfloat16' | 'float16'
+    compile: bool
+    ctx: object  # autocast context for forward passes
+
+    @property
+    def type(self):
+        return 'cuda' if self.device.startswith('cuda') else 'cpu'
+
+
+def setup_device(device=None, dtype=None, compile=None):
+    """The one rule every script follows: cuda when available; bf16 autocast where native,
+    fp16 on older GPUs, fp32 on CPU; torch.compile on for CUDA only; TF32 matmuls on CUDA."""
+    device = pick_device(device)
+    dtype = pick_precision(dtype, device)
+    on_cuda = device.startswith('cuda')
+    if on_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return DeviceSetup(device, dtype, on_cuda if compile is None else bool(compile), autocast(device, dtype))
+
+
+# Dense 16-bit tensor-core peaks (FLOP/s), by the full name torch.cuda.get_device_name() reports.
+# Full names, not substrings: 'L4' is inside 'L40', and the H100's PCIe and NVL parts are slower
+# than its SXM part. A device not listed has no MFU: never a made-up number.
+PEAK_FLOPS = {
+    'NVIDIA H200': 989e12, 'NVIDIA H200 NVL': 835e12,
+    'NVIDIA H100 80GB HBM3': 989e12, 'NVIDIA H100 PCIe': 756e12, 'NVIDIA H100 NVL': 835e12,
+    'NVIDIA A100-SXM4-80GB': 312e12, 'NVIDIA A100-SXM4-40GB': 312e12,
+    'NVIDIA A100 80GB PCIe': 312e12, 'NVIDIA A100-PCIE-40GB': 312e12,
+    'NVIDIA L40S': 362e12, 'NVIDIA L40': 181e12, 'NVIDIA L4': 121e12,
+    'NVIDIA A10': 125e12, 'NVIDIA A10G': 70e12,
+    'NVIDIA GeForce RTX 4090': 165e12, 'NVIDIA GeForce RTX 3090': 71e12,
+    'Tesla V100-SXM2-16GB': 125e12, 'Tesla V100-SXM2-32GB': 125e12, 'Tesla V100-PCIE-16GB': 112e12,
+    'Tesla V100-PCIE-32GB': 112e12, 'Tesla T4': 65e12,
+}
+
+
+def device_peak_flops(device=None):
+    """The accelerator's dense 16-bit peak, or None (CPU or a device not in PEAK_FLOPS)."""
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != 'cuda'):
+        return None
+    return PEAK_FLOPS.get(torch.cuda.get_device_name(device))
 
 
 def autocast(device, dtype):

@@ -14,12 +14,26 @@ checkpoints load as baseline models.
 """
 import inspect
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+from common import UserError
+
+
+# How head h's query is made from the attention input x (the ln_1 output):
+#   linear         x W_Q                       GPT-2
+#   identity       x                           the paper: W_Q = I, a coordinate slice per head
+#   residual       x + x W_Q                   the authors' code
+#   residual_gelu  x + GELU(x W_Q)             the authors' code
+#   nonlinear      mix * (x + f(x)),           the follow-up (arXiv 2603.13381), mix = 1/2 and
+#                  f = LN(GELU(RMSNorm(x) W1) W2)   W1: d x r, W2: r x d, r = d/2: W_Q's d^2 weights
+QUERY_MODES = ('linear', 'identity', 'residual', 'residual_gelu', 'nonlinear')
+ACTIVATIONS = {'gelu': lambda x: F.gelu(x), 'gelu_tanh': lambda x: F.gelu(x, approximate='tanh'), 'relu': F.relu}
 
 
 @dataclass
@@ -33,7 +47,10 @@ class GPTConfig:
     bias: bool = False  # biases in Linears and LayerNorms
     tie_weights: bool = True  # lm_head shares the token embedding
     mlp_hidden: Optional[int] = None  # None: 4 * n_embd (paper's larger MLP: 3456)
-    query_identity: bool = False  # W_Q = I: the paper's reduced attention
+    query: Optional[str] = None  # one of QUERY_MODES; None: 'identity' if query_identity else 'linear'
+    query_identity: bool = False  # shorthand for query='identity' (the paper's reduced model); kept in step
+    query_rank: Optional[int] = None  # nonlinear query: bottleneck width r; None: n_embd // 2 (the follow-up's)
+    query_mix: float = 0.5  # nonlinear query: q = query_mix * (x + f(x)); the follow-up's code uses 1.0
     key_identity: bool = False  # W_K = I (theory: any one of the three may go)
     value_identity: bool = False  # W_V = I
     attn_scale: Optional[float] = None  # None: 1/sqrt(hd), halved when Q or K is I
@@ -42,17 +59,23 @@ class GPTConfig:
     norm: bool = True  # False: no LayerNorm anywhere (where the theorems are exact)
     mlp_residual: bool = True  # False: the skip connection surrounds only the attention
     share_layers: bool = False  # one block's weights reused n_layer times (ALBERT-style)
-    activation: str = 'gelu'  # 'gelu_tanh': OpenAI GPT-2's approximation, for its imported weights
+    activation: str = 'gelu'  # 'gelu_tanh': OpenAI GPT-2's approximation; 'relu': theorem 8.4's setting
 
     def __post_init__(self):
         if self.mlp_hidden is None:
             self.mlp_hidden = 4 * self.n_embd
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
+        if self.query_rank is None:
+            self.query_rank = self.n_embd // 2
+        self.resolve_query()
         identities = [n for n in ('query_identity', 'key_identity', 'value_identity') if getattr(self, n)]
+        if self.query not in ('linear', 'identity') and (self.key_identity or self.value_identity):
+            identities.append(f"query='{self.query}'")
         if len(identities) > 1:
             raise ValueError(f"at most one of query_identity, key_identity, value_identity may be set, got {identities}")
-        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden', 'n_kv_head'):
+        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden', 'n_kv_head',
+                     'query_rank'):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.n_embd % self.n_head:
@@ -62,12 +85,25 @@ class GPTConfig:
         if (self.key_identity or self.value_identity) and self.n_kv_head != self.n_head:
             raise ValueError("key_identity/value_identity need n_kv_head == n_head: "
                              "with grouped-query attention K and V are narrower than the input, so they cannot be the identity")
-        if self.activation not in ('gelu', 'gelu_tanh'):
-            raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if not self.query_mix > 0:
+            raise ValueError(f"query_mix must be positive, got {self.query_mix}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.attn_scale is not None and not self.attn_scale > 0:
             raise ValueError(f"attn_scale must be positive, got {self.attn_scale}")
+
+    def resolve_query(self):
+        """One source of truth: `query` names the mode, `query_identity` only mirrors it, so old
+        configs and checkpoints (which set query_identity=True) mean exactly what they meant."""
+        if self.query is None:
+            self.query = 'identity' if self.query_identity else 'linear'
+        if self.query not in QUERY_MODES:
+            raise ValueError(f"query must be one of {', '.join(QUERY_MODES)}, got {self.query!r}")
+        if self.query_identity and self.query != 'identity':
+            raise ValueError(f"query_identity=True contradicts query='{self.query}': set one of them")
+        self.query_identity = self.query == 'identity'
 
     @property
     def head_dim(self):
@@ -84,17 +120,34 @@ class GPTConfig:
 
 
 class KVCache:
-    """K and V of every layer for incremental decoding, sized by n_kv_head (W_Q removal
-    leaves the cache untouched; GQA shrinks it by n_head / n_kv_head)."""
+    """K and V of every layer for incremental decoding, sized by n_kv_head: every query mode
+    leaves the cache untouched (a query is made per position and never cached); GQA shrinks
+    it by n_head / n_kv_head. One tensor per layer, written in place by a slice: a single
+    5-D cache makes torch.compile copy the whole cache on every token."""
 
     def __init__(self, config, batch_size, device=None, dtype=torch.float32):
-        shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (batch_size, config.n_kv_head, config.block_size, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.pos = 0  # number of positions filled
 
     def nbytes(self):
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+class QueryMLP(nn.Module):
+    """The follow-up's nonlinear query map f(x) = LN(GELU(RMSNorm(x) W1) W2), a bottleneck of
+    width r; with r = d/2 it has W_Q's d^2 weights (plus two norms)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.norm = nn.RMSNorm(config.n_embd)
+        self.fc = nn.Linear(config.n_embd, config.query_rank, bias=config.bias)
+        self.proj = nn.Linear(config.query_rank, config.n_embd, bias=config.bias)
+        self.ln = nn.LayerNorm(config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.ln(self.proj(F.gelu(self.fc(self.norm(x)))))
 
 
 class CausalSelfAttention(nn.Module):
@@ -103,22 +156,37 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         C, hd = config.n_embd, config.head_dim
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, hd
+        self.query, self.query_mix = config.query, config.query_mix
         kv_dim = config.n_kv_head * hd
-        # The fused input projection makes only the non-identity parts, in q, k, v order.
-        self.q_dim = 0 if config.query_identity else C
+        # The fused input projection makes only the linear parts, in q, k, v order: a W_Q for
+        # the linear and residual queries, none for identity and nonlinear.
+        self.q_dim = C if config.query in ('linear', 'residual', 'residual_gelu') else 0
         self.k_dim = 0 if config.key_identity else kv_dim
         self.v_dim = 0 if config.value_identity else kv_dim
         self.c_attn = nn.Linear(C, self.q_dim + self.k_dim + self.v_dim, bias=config.bias)
+        self.q_mlp = QueryMLP(config) if config.query == 'nonlinear' else None
         self.c_proj = nn.Linear(C, C, bias=config.bias)
         self.scale = config.scale
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
+    def make_query(self, x, xq):
+        """The query of every query mode, from x and x W_Q (empty when there is no W_Q)."""
+        if self.query == 'linear':
+            return xq
+        if self.query == 'identity':
+            return x
+        if self.query == 'residual':
+            return x + xq
+        if self.query == 'residual_gelu':
+            return x + F.gelu(xq)
+        return self.query_mix * (x + self.q_mlp(x))
+
     def qkv(self, x):
         """Heads of q (B, nh, T, hd), k and v (B, nkv, T, hd); an identity one is x itself."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([self.q_dim, self.k_dim, self.v_dim], dim=2)
-        q = x if self.q_dim == 0 else q
+        q = self.make_query(x, q)
         k = x if self.k_dim == 0 else k
         v = x if self.v_dim == 0 else v
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
@@ -132,9 +200,9 @@ class CausalSelfAttention(nn.Module):
         mask, causal = None, True
         if cache is not None:
             p = cache.pos
-            cache.k[layer, :, :, p:p + T] = k
-            cache.v[layer, :, :, p:p + T] = v
-            k, v = cache.k[layer, :, :, :p + T], cache.v[layer, :, :, :p + T]
+            cache.k[layer][:, :, p:p + T] = k
+            cache.v[layer][:, :, p:p + T] = v
+            k, v = cache.k[layer][:, :, :p + T], cache.v[layer][:, :, :p + T]
             if p > 0:  # queries sit at positions p..p+T-1 and see every key up to themselves
                 causal = False
                 if T > 1:
@@ -154,10 +222,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
-        self.approximate = 'tanh' if config.activation == 'gelu_tanh' else 'none'
+        self.act = ACTIVATIONS[config.activation]
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 def make_norm(config):
@@ -274,47 +342,110 @@ class GPT(nn.Module):
         matmul = cfg.n_layer * per_layer + self.lm_head.weight.numel()
         return 6 * matmul + 12 * cfg.n_layer * cfg.n_embd * T
 
-    def estimate_mfu(self, tokens_per_iter, dt, T=None, device=None):
-        """Model FLOPs utilization against the accelerator's bf16 dense peak; None when unknown (CPU)."""
-        peak = device_peak_flops(device)
-        if peak is None or dt <= 0:
+    def estimate_mfu(self, tokens_per_iter, dt, peak_flops, T=None):
+        """Model FLOPs utilization against a device's peak FLOP/s (common.device_peak_flops);
+        None when the peak is unknown (CPU): never a made-up number."""
+        if peak_flops is None or dt <= 0:
             return None
-        return self.flops_per_token(T) * tokens_per_iter / dt / peak
+        return self.flops_per_token(T) * tokens_per_iter / dt / peak_flops
 
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                        use_cache=True, generator=None):
-        """Yield the next tokens (B, 1) one step at a time. With the cache the prompt is
-        prefilled once and each step feeds one token. Absolute position embeddings cannot
-        be shifted, so once the context reaches block_size the cache is rebuilt from the
-        last block_size tokens each step: exactly what the uncached path computes."""
+                        use_cache=True, generator=None, eos_token=None):
+        """Yield the next tokens (B, 1) one step at a time; temperature 0 is greedy. With
+        eos_token it stops once every row has produced it (that step is yielded). With the
+        cache the prompt is prefilled once and each step feeds one token. Absolute position
+        embeddings cannot be shifted, so once the context reaches block_size the cache is
+        rebuilt from the last block_size tokens each step: what the uncached path computes.
+        The cache takes the autocast dtype when one is active, so bf16 K/V are stored as bf16."""
         bs = self.config.block_size
         cache = None
+        done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
             if not use_cache:
                 logits, _ = self(idx[:, -bs:])
             elif cache is None or cache.pos >= bs:
-                cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                cache = KVCache(self.config, idx.size(0), idx.device, self.cache_dtype(idx.device))
                 logits, _ = self(idx[:, -bs:], cache=cache)
             else:
                 logits, _ = self(idx[:, -1:], cache=cache)
             nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)
             idx = torch.cat((idx, nxt), dim=1)
             yield nxt
+            if eos_token is not None:
+                done |= nxt[:, 0] == eos_token
+                if done.all():
+                    return
+
+    def cache_dtype(self, device):
+        kind = torch.device(device).type
+        return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.lm_head.weight.dtype
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                  eos_token=None, use_cache=True, generator=None):
-        """Extend idx (B, T) by up to max_new_tokens; temperature 0 is greedy. With eos_token
-        it stops once every row has produced it."""
-        done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-        for nxt in self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator):
-            idx = torch.cat((idx, nxt), dim=1)
-            if eos_token is not None:
-                done |= nxt[:, 0] == eos_token
-                if done.all():
-                    break
-        return idx
+        """idx (B, T) extended by up to max_new_tokens (see generate_stream)."""
+        steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_token)
+        return torch.cat([idx, *steps], dim=1)
+
+    # -------------------------------------------------------------------------
+    # making a model: from a checkpoint (kvgpt's or nanoGPT's), or from OpenAI GPT-2 weights
+
+    @classmethod
+    def from_checkpoint(cls, ckpt, verbose=True):
+        """The model of a checkpoint dict (common.load_checkpoint). nanoGPT's model_args lack
+        kvgpt's fields, whose defaults describe nanoGPT's model; old kvgpt checkpoints name the
+        reduced model query_identity=True, which GPTConfig reads as query='identity'."""
+        known = {f.name for f in fields(GPTConfig)}
+        state = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
+        try:
+            model = cls(GPTConfig(**{k: v for k, v in ckpt['model_args'].items() if k in known}), verbose=verbose)
+            model.load_state_dict(state)
+        except (ValueError, RuntimeError, TypeError) as e:
+            raise UserError(f"checkpoint weights do not fit its model_args: {str(e).splitlines()[0][:300]}") from None
+        return model
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, dropout=0.0):
+        """OpenAI GPT-2 weights as a baseline model: a hub name (gpt2..gpt2-xl) or a local folder
+        saved by transformers. Conv1D weights are stored transposed; GPT-2's MLP uses tanh GELU."""
+        hf = load_hf_gpt2(name_or_path)
+        h = hf.config
+        act = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu', 'relu': 'relu'}.get(
+            h.activation_function)
+        if act is None:
+            raise UserError(f"unsupported GPT-2 activation {h.activation_function!r}")
+        model = cls(GPTConfig(n_layer=h.n_layer, n_head=h.n_head, n_embd=h.n_embd, block_size=h.n_positions,
+                              vocab_size=h.vocab_size, bias=True, tie_weights=True, dropout=dropout,
+                              mlp_hidden=h.n_inner or 4 * h.n_embd, activation=act))
+        ours = model.state_dict()
+        with torch.no_grad():
+            for k, v in hf.state_dict().items():
+                if k.endswith(('.attn.bias', '.attn.masked_bias')):
+                    continue  # the causal mask buffers
+                if k not in ours:
+                    raise UserError(f"unexpected tensor {k} in the GPT-2 weights")
+                ours[k].copy_(v.T if k.endswith(HF_TRANSPOSED) else v)
+        return model
+
+
+GPT2_SIZES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
+HF_TRANSPOSED = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')  # Conv1D
+
+
+def load_hf_gpt2(name_or_path):
+    if name_or_path not in GPT2_SIZES and not os.path.isdir(str(name_or_path)):
+        raise UserError(f"init_from must be scratch, resume, one of {', '.join(GPT2_SIZES)} or a local GPT-2 "
+                        f"folder; got {name_or_path!r}")
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        raise UserError("loading GPT-2 weights needs transformers: `pip install transformers`") from None
+    try:
+        return GPT2LMHeadModel.from_pretrained(name_or_path)
+    except Exception as e:
+        raise UserError(f"cannot load GPT-2 weights '{name_or_path}' ({type(e).__name__}): without network, "
+                        "save them once with transformers and pass the folder") from None
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
@@ -333,16 +464,3 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         logits = torch.full_like(logits, float('-inf')).scatter(-1, order, sorted_logits)
     probs = F.softmax(logits, dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator)
-
-
-# bf16 dense tensor-core peaks (FLOP/s) by device name, most specific first
-PEAK_FLOPS = [('H200', 989e12), ('H100', 989e12), ('A100', 312e12), ('A10G', 70e12), ('A10', 125e12),
-              ('L40S', 362e12), ('L4', 121e12), ('4090', 165e12), ('3090', 71e12), ('V100', 125e12), ('T4', 65e12)]
-
-
-def device_peak_flops(device=None):
-    """The detected accelerator's bf16 peak, or None (CPU or an unknown device): never a made-up number."""
-    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != 'cuda'):
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_FLOPS if key in name), None)

@@ -20,6 +20,7 @@ DEFAULTS = dict(
     png=None,  # where to write the plot; None: no plot
     md=None,  # where to write the markdown table; it is printed either way
     smooth=0.9,  # exponential smoothing of the per-step train loss in the plot
+    best=False,  # only print the run directory with the lowest final val loss
 )
 
 
@@ -105,6 +106,10 @@ def main(argv=None):
     if not dirs:
         raise UserError("give one or more run directories: python report.py out-a out-b [--png=x.png] [--md=x.md]")
     runs = [read_run(d) for d in dirs]
+    if c['best']:
+        best = min(zip(runs, dirs), key=lambda rd: rd[0]['evals'][-1]['val_loss'])[1]
+        print(os.path.normpath(best))
+        return best
     md = table(runs)
     print(md, end='')
     if c['md']:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (UserError, autocast, load_checkpoint, model_from_checkpoint, parse_config, pick_device,
+from common import (UserError, autocast, device_peak_flops, load_checkpoint, model_from_checkpoint, parse_config, pick_device,
                     pick_precision, print_config, read_json, read_jsonl, read_windows, run_main, save_checkpoint, write_json,
                     write_text)
 from model import GPT, GPTConfig
@@ -52,11 +52,7 @@ DEFAULTS = dict(
     gradient_accumulation_steps=40,  # in total, over all processes
     batch_size=12,  # micro-batch per process
     block_size=1024,
-    # model (see model.GPTConfig)
-    n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=False, tie_weights=True,
-    vocab_size=None,  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
-    mlp_hidden=None, query_identity=False, key_identity=False, value_identity=False,
-    attn_scale=None, n_kv_head=None, norm=True, mlp_residual=True, share_layers=False, activation='gelu',
+    # the model: every GPTConfig field, with its default (see model.py); then:
     # AdamW and the learning-rate schedule
     learning_rate=6e-4,
     max_iters=100000,
@@ -76,6 +72,9 @@ DEFAULTS = dict(
     seed=1337,  # model init and dropout
 )
 MODEL_KEYS = [f.name for f in fields(GPTConfig)]
+# None for the fields GPTConfig derives (mlp_hidden, n_kv_head, ...): derived again from the final config
+DEFAULTS.update({f.name: f.default for f in fields(GPTConfig) if f.name not in ('block_size',)})
+DEFAULTS['vocab_size'] = None  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
 
 
 # -----------------------------------------------------------------------------
@@ -237,6 +236,15 @@ def truncate_log(path, resume_iter):
     keep = [e for e in read_jsonl(path)
             if e['iter'] < resume_iter or (e['iter'] == resume_iter and 'val_loss' not in e)]
     write_text(path, ''.join(json.dumps(e) + '\n' for e in keep))
+
+
+def run_finished(out_dir):
+    """Whether out_dir holds a run that reached its last evaluation (max_iters)."""
+    config_path, log_path = os.path.join(out_dir, 'config.json'), os.path.join(out_dir, 'log.jsonl')
+    if not (os.path.exists(config_path) and os.path.exists(log_path)):
+        return False
+    max_iters = read_json(config_path, 'config.json')['max_iters']
+    return any(e.get('iter') == max_iters and 'val_loss' in e for e in read_jsonl(log_path))
 
 
 class Logger:
@@ -408,7 +416,7 @@ def _train(c, ddp, rank, world, device, master):
                 dist.all_reduce(mean_loss)
                 mean_loss /= world
             dt = (time.time() - t_last) / iters_since_log
-            mfu = raw_model.estimate_mfu(tokens_per_iter // world, dt, c['block_size'], device)
+            mfu = raw_model.estimate_mfu(tokens_per_iter // world, dt, device_peak_flops(device), c['block_size'])
             if master:
                 mfu_text = f", mfu {mfu * 100:.1f}%" if mfu is not None else ""
                 print(f"iter {iter_num}: loss {mean_loss.item():.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter{mfu_text}")
