@@ -20,9 +20,8 @@ import time
 
 import torch
 
-from common import (UserError, autocast, parse_config, pick_device, pick_precision, read_json, read_windows,
-                    run_main)
-from model import GPT, GPTConfig, device_peak_flops
+from common import UserError, device_peak_flops, open_dataset, parse_config, run_main, setup_device
+from model import GPT, GPTConfig, KVCache
 
 DEFAULTS = dict(
     mode='train',  # train | sample | prepare
@@ -46,14 +45,18 @@ DEFAULTS = dict(
 
 
 def variant_config(name, c):
-    """The paper's variants at any geometry: reduced drops n_embd^2 per layer, the larger
-    MLP gives it back as n_embd/2 more hidden units (paper: 3072 -> 3456)."""
+    """The papers' variants at any geometry: reduced drops n_embd^2 per layer, the larger
+    MLP gives it back as n_embd/2 more hidden units (paper: 3072 -> 3456); the other query
+    modes keep W_Q's budget (see model.QUERY_MODES)."""
     C = c['n_embd']
     table = {
         'baseline': {},
-        'reduced': dict(query_identity=True),
-        'reduced_mlp': dict(query_identity=True, mlp_hidden=4 * C + C // 2),
+        'reduced': dict(query='identity'),
+        'reduced_mlp': dict(query='identity', mlp_hidden=4 * C + C // 2),
         'baseline_small_mlp': dict(mlp_hidden=4 * C - C // 2),
+        'residual': dict(query='residual'),
+        'residual_gelu': dict(query='residual_gelu'),
+        'nonlinear': dict(query='nonlinear'),
         'key_identity': dict(key_identity=True),
         'value_identity': dict(value_identity=True),
     }
@@ -84,22 +87,16 @@ def batches(c, device):
     g = torch.Generator().manual_seed(c['seed'])
     shape = (c['batch_size'], c['block_size'] + 1)
     if c['dataset']:
-        path = os.path.join(c['data_root'], c['dataset'], 'train.bin')
-        meta_path = os.path.join(c['data_root'], c['dataset'], 'meta.json')
-        if not os.path.exists(meta_path):
-            raise UserError(f"no prepared dataset at {os.path.dirname(path)}: run prepare.py or leave out --dataset")
-        meta = read_json(meta_path, 'meta.json')
-        starts = torch.randint(meta['train_tokens'] - shape[1], (shape[0],), generator=g).tolist()
-        xy = read_windows(path, meta['dtype'], starts, shape[1])
-    else:
-        xy = torch.randint(c['vocab_size'], shape, generator=g)
+        data = open_dataset(c['data_root'], c['dataset'], c['block_size'])
+        return data.batch('train', data.starts('train', c['batch_size'], c['seed']), device)
+    xy = torch.randint(c['vocab_size'], shape, generator=g)
     return xy[:, :-1].contiguous().to(device), xy[:, 1:].contiguous().to(device)
 
 
-def bench_train(c, device, dtype, compile_):
+def bench_train(c, dev):
     names = c['variants'].split(',')
-    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-    ctx = autocast(device, dtype)
+    device, device_type, dtype, compile_ = dev.device, dev.type, dev.dtype, dev.compile
+    ctx = dev.ctx
     x, y = batches(c, device)
     runs = []
     for name in names:
@@ -163,35 +160,55 @@ def bench_train(c, device, dtype, compile_):
     return results
 
 
-def bench_sample(c, device, dtype, compile_):
+def bench_sample(c, dev):
+    """Greedy decoding with the KV cache against recomputing the whole context, both paths
+    warmed up first (compiled, each is its own graph: a cold one would time its compilation).
+    On CUDA the weights and cache are in the 16-bit dtype, as sample.py runs them."""
     name = c['variants'].split(',')[0]
     torch.manual_seed(c['seed'])
-    model = GPT(variant_config(name, c), verbose=False).to(device).eval()
-    if compile_:
+    model = GPT(variant_config(name, c), verbose=False).to(dev.device).eval()
+    if dev.type == 'cuda' and dev.dtype != 'float32':
+        model.to(getattr(torch, dev.dtype))
+    if dev.compile:
         model.compile(dynamic=True)
-    ctx = autocast(device, dtype)
     prompt = torch.randint(c['vocab_size'], (1, c['prompt_tokens']), generator=torch.Generator().manual_seed(c['seed']))
-    prompt = prompt.to(device)
+    prompt = prompt.to(dev.device)
     out, times = {}, {}
-    with ctx:
-        model.generate(prompt, 4, temperature=0.0)  # warm up
+    with dev.ctx:
         for use_cache in (True, False):
-            sync(device)
+            model.generate(prompt, 4, temperature=0.0, use_cache=use_cache)  # warm-up, compilation
+        for use_cache in (True, False):
+            sync(dev.device)
             t0 = time.perf_counter()
             out[use_cache] = model.generate(prompt, c['max_new_tokens'], temperature=0.0, use_cache=use_cache)
-            sync(device)
+            sync(dev.device)
             times[use_cache] = time.perf_counter() - t0
+        diff = cache_logit_diff(model, out[True])
     n = c['max_new_tokens']
-    result = dict(mode='sample', variant=name, params=model.get_num_params(), new_tokens=n,
+    result = dict(mode='sample', variant=name, params=model.get_num_params(), new_tokens=n, dtype=dev.dtype,
                   cached_tokens_per_s=n / times[True], uncached_tokens_per_s=n / times[False],
-                  speedup=times[False] / times[True], same_tokens=bool(torch.equal(out[True], out[False])))
+                  speedup=times[False] / times[True], same_tokens=bool(torch.equal(out[True], out[False])),
+                  max_logit_diff=diff, cache_bytes=KVCache(model.config, 1, 'meta', model.cache_dtype(dev.device)).nbytes())
     print(f"\n{name}, {model.get_num_params():,} params, {n} new tokens after a {c['prompt_tokens']}-token prompt, "
-          f"{device} {dtype}:")
+          f"{dev.device} {dev.dtype}, compile={dev.compile}:")
     print(f"  KV cache:       {result['cached_tokens_per_s']:8.1f} tokens/s")
     print(f"  recompute all:  {result['uncached_tokens_per_s']:8.1f} tokens/s")
-    print(f"  speedup {result['speedup']:.1f}x; identical greedy tokens: {result['same_tokens']}")
+    print(f"  speedup {result['speedup']:.1f}x; identical greedy tokens: {result['same_tokens']}; max |logit difference| "
+          f"of cached decoding against one full forward pass: {diff:.2e} (16-bit rounding alone can flip a near tie)")
     print('json: ' + json.dumps(result))
     return result
+
+
+@torch.no_grad()
+def cache_logit_diff(model, tokens):
+    """Max |logit difference| between cached decoding of `tokens` one at a time and one full
+    forward pass over them (teacher-forced: both see the same tokens, so no divergence)."""
+    T = min(tokens.size(1), model.config.block_size)
+    tokens = tokens[:, :T]
+    full, _ = model(tokens, targets=torch.zeros_like(tokens))
+    cache = KVCache(model.config, 1, tokens.device, model.cache_dtype(tokens.device))
+    stepwise = torch.cat([model(tokens[:, t:t + 1], cache=cache)[0] for t in range(T)], dim=1)
+    return (full.float() - stepwise.float()).abs().max().item()
 
 
 def bench_prepare(c):
@@ -231,17 +248,10 @@ def main(argv=None):
     c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     if c['mode'] == 'prepare':
         return bench_prepare(c)
-    device = pick_device(c['device'])
-    on_cuda = device.startswith('cuda')
-    dtype = pick_precision(c['dtype'], device)
-    compile_ = on_cuda if c['compile'] is None else c['compile']
-    if on_cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-    if c['mode'] == 'train':
-        return bench_train(c, device, dtype, compile_)
-    if c['mode'] == 'sample':
-        return bench_sample(c, device, dtype, compile_)
-    raise UserError(f"mode must be train, sample or prepare, got {c['mode']!r}")
+    if c['mode'] not in ('train', 'sample'):
+        raise UserError(f"mode must be train, sample or prepare, got {c['mode']!r}")
+    dev = setup_device(c['device'], c['dtype'], c['compile'])
+    return (bench_train if c['mode'] == 'train' else bench_sample)(c, dev)
 
 
 if __name__ == '__main__':

@@ -1,7 +1,8 @@
 """
 What more than one script needs, in one place: one-line user errors, nanoGPT-style
-configuration (`script.py config/x.py --key=value`), the tokenizers, atomic file
-writes and checkpoint I/O.
+configuration (`script.py config/x.py --key=value`), the device and precision rule, the
+tokenizers, the prepared dataset on disk, atomic file writes and checkpoint I/O.
+(Making a model, from a config, a checkpoint or GPT-2 weights, is model.py's.)
 """
 import ast
 import codecs
@@ -14,6 +15,7 @@ import types
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -212,13 +214,68 @@ def get_tokenizer(name):
     return TOKENIZERS[name]()
 
 
-def decode(tokenizer, ids):
-    return tokenizer.decode_bytes(ids).decode('utf-8', errors='replace')
-
-
 def stream_decoder():
     """Bytes in, text out, holding back an incomplete UTF-8 sequence split across tokens."""
     return codecs.getincrementaldecoder('utf-8')(errors='replace')
+
+
+# -----------------------------------------------------------------------------
+# the prepared dataset: prepare.py writes data/<name>/{train,val}.bin and meta.json (last);
+# everything else reads it through open_dataset
+
+SPLITS = ('train', 'val')
+
+
+def bins_match_meta(data_dir, meta):
+    """None when both bins have exactly the size meta.json records, else what is wrong."""
+    for split in SPLITS:
+        path = os.path.join(data_dir, f'{split}.bin')
+        size = os.path.getsize(path) if os.path.exists(path) else -1
+        if size != meta[f'{split}_tokens'] * np.dtype(meta['dtype']).itemsize:
+            return f"{path} does not match meta.json (missing or truncated): re-run prepare.py with --force=True"
+    return None
+
+
+class Dataset:
+    """A prepared dataset, checked before anything reads it, that gives (x, y) token windows."""
+
+    def __init__(self, data_dir, meta, block_size):
+        self.dir, self.meta, self.block_size = data_dir, meta, block_size
+
+    def tokens(self, split):
+        return self.meta[f'{split}_tokens']
+
+    def starts(self, split, count, *key):
+        """`count` window starts drawn from a generator seeded by key alone: the same windows for
+        every model, restart and world size."""
+        seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(self.tokens(split) - self.block_size - 1, (count,), generator=g).numpy()
+
+    def batch(self, split, starts, device='cpu'):
+        """Inputs and next-token targets (len(starts), block_size) as int64, on device. A fresh
+        memmap each call: nanoGPT's fix for the memory growth of a long-lived one."""
+        data = np.memmap(os.path.join(self.dir, f'{split}.bin'), dtype=self.meta['dtype'], mode='r')
+        xy = torch.from_numpy(np.stack([data[s:s + self.block_size + 1] for s in starts]).astype(np.int64))
+        x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
+        if str(device).startswith('cuda'):
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x, y
+
+
+def open_dataset(data_root, name, block_size):
+    data_dir = os.path.join(data_root, name)
+    meta_path = os.path.join(data_dir, 'meta.json')
+    if not os.path.exists(meta_path):
+        raise UserError(f"no prepared dataset at {data_dir}: run `python prepare.py --dataset={name}` first")
+    meta = read_json(meta_path, 'meta.json')
+    problem = bins_match_meta(data_dir, meta)
+    if problem:
+        raise UserError(problem)
+    for split in SPLITS:
+        if meta[f'{split}_tokens'] <= block_size + 1:
+            raise UserError(f"{data_dir}/{split}.bin has {meta[f'{split}_tokens']} tokens, too few for block_size {block_size}")
+    return Dataset(data_dir, meta, block_size)
 
 
 # -----------------------------------------------------------------------------
@@ -258,14 +315,6 @@ def read_json(path, what):
         raise UserError(f"{what} at {path} is not valid JSON ({e}); delete it and regenerate it") from None
 
 
-def read_windows(path, dtype, starts, length):
-    """Token windows data[s:s+length] of a prepared bin, as an int64 tensor (len(starts), length).
-    A fresh memmap each call: nanoGPT's fix for the memory growth of a long-lived one."""
-    import numpy as np
-    data = np.memmap(path, dtype=dtype, mode='r')
-    return torch.from_numpy(np.stack([data[s:s + length] for s in starts]).astype(np.int64))
-
-
 def read_jsonl(path):
     """The entries of a JSON-lines log, without a last line cut short by a crash."""
     entries = []
@@ -295,33 +344,3 @@ def load_checkpoint(path, map_location='cpu', mmap=False):
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise UserError(f"{path} is not a kvgpt/nanoGPT checkpoint (it needs 'model' and 'model_args')")
     return ckpt
-
-
-def clean_state_dict(state_dict):
-    """Drop torch.compile's `_orig_mod.` and DDP's `module.` prefixes."""
-    out = {}
-    for k, v in state_dict.items():
-        for prefix in ('_orig_mod.', 'module.'):
-            if k.startswith(prefix):
-                k = k[len(prefix):]
-        out[k] = v
-    return out
-
-
-def model_config(model_args):
-    """GPTConfig from a kvgpt or nanoGPT checkpoint's model_args (nanoGPT's lack the new
-    fields: they take their defaults, which describe nanoGPT's baseline model exactly)."""
-    from dataclasses import fields
-    from model import GPTConfig
-    known = {f.name for f in fields(GPTConfig)}
-    return GPTConfig(**{k: v for k, v in model_args.items() if k in known})
-
-
-def model_from_checkpoint(ckpt, verbose=True):
-    from model import GPT
-    try:
-        model = GPT(model_config(ckpt['model_args']), verbose=verbose)
-        model.load_state_dict(clean_state_dict(ckpt['model']))
-    except (ValueError, RuntimeError, TypeError) as e:
-        raise UserError(f"checkpoint weights do not fit its model_args: {str(e).splitlines()[0][:300]}") from None
-    return model

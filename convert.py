@@ -20,17 +20,16 @@ standard pre-LN GPT is refused unless --approximate=True, which writes the best-
 conversion (one Theta, the first layer's W_Q; every other W_Q replaced by I) and reports
 the gap, a starting point for fine-tuning.
 
-Also here: load_gpt2(), OpenAI GPT-2 weights as a baseline model (init_from=gpt2*).
 """
 import os
 import sys
 from dataclasses import asdict
 
-import numpy as np
+import math
+
 import torch
 
-from common import (UserError, clean_state_dict, load_checkpoint, model_from_checkpoint, parse_config,
-                    print_config, read_windows, run_main, save_checkpoint)
+from common import UserError, load_checkpoint, open_dataset, parse_config, print_config, run_main, save_checkpoint
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -68,7 +67,7 @@ def split_attn(cfg, sd_prefix, sd):
 
 def check_conditioning(W, layer, max_cond):
     cond = torch.linalg.cond(W).item()
-    if not np.isfinite(cond) or cond > max_cond:
+    if not math.isfinite(cond) or cond > max_cond:
         raise UserError(f"W_Q of layer {layer} is singular or ill-conditioned (condition number {cond:.3g} > "
                         f"max_cond {max_cond:.3g}): it cannot be inverted reliably, so it is not converted")
     return cond
@@ -114,23 +113,23 @@ def convert_state(sd, cfg, approximate, max_cond):
     for k in sd:
         if k.startswith('transformer.ln_f.'):
             out[k] = sd[k]
-    new_cfg = GPTConfig(**{**asdict(cfg), 'query_identity': True, 'attn_scale': cfg.scale, 'tie_weights': False})
+    new_cfg = GPTConfig(**{**asdict(cfg), 'query': 'identity', 'query_identity': True, 'attn_scale': cfg.scale,
+                           'tie_weights': False})
     return out, new_cfg, dict(condition_numbers=conds, untied=cfg.tie_weights)
 
 
 def check_tokens(ckpt, c, vocab, block_size):
     """Held-out tokens of the checkpoint's own dataset when prepared here, else random ones."""
-    cfg = ckpt.get('config') or {}
-    path = os.path.join(c['data_root'], str(cfg.get('dataset', '')), 'val.bin')
-    meta = ckpt.get('meta') or {}
-    g = torch.Generator().manual_seed(c['seed'])
+    dataset = (ckpt.get('config') or {}).get('dataset')
     n = max(1, c['check_tokens'] // block_size)
-    if cfg.get('dataset') and os.path.exists(path) and 'dtype' in meta:
-        n_tokens = os.path.getsize(path) // np.dtype(meta['dtype']).itemsize
-        if n_tokens > block_size + 1:
-            starts = torch.randint(n_tokens - block_size - 1, (n,), generator=g).tolist()
-            x = read_windows(path, meta['dtype'], starts, block_size + 1)
-            return x[:, :-1], x[:, 1:], f'held-out tokens of {path}'
+    if dataset:
+        try:
+            data = open_dataset(c['data_root'], dataset, block_size)
+            x, y = data.batch('val', data.starts('val', n, c['seed']))
+            return x, y, f'held-out tokens of {data.dir}/val.bin'
+        except UserError:
+            pass  # not prepared here: random tokens still check the conversion
+    g = torch.Generator().manual_seed(c['seed'])
     x = torch.randint(vocab, (n, block_size + 1), generator=g)
     return x[:, :-1], x[:, 1:], 'random tokens (no prepared val.bin found)'
 
@@ -145,15 +144,18 @@ def compare(a, b, x, y):
 
 def convert(c):
     ckpt = load_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'))
-    src = model_from_checkpoint(ckpt, verbose=False)
+    src = GPT.from_checkpoint(ckpt, verbose=False)
     cfg = src.config
-    if cfg.query_identity or cfg.key_identity or cfg.value_identity:
+    if cfg.query != 'linear':
+        raise UserError(f"the checkpoint's query is '{cfg.query}', not a linear W_Q: only a linear query is a change "
+                        "of basis away from the identity; convert a standard model")
+    if cfg.key_identity or cfg.value_identity:
         raise UserError("the checkpoint already has an identity attention weight: convert a standard model")
     reason = exactness(cfg)
     if reason and not c['approximate']:
         raise UserError(f"refusing: the conversion would not be exact because {reason}. "
                         "Pass --approximate=True to write the best-effort conversion and measure its gap")
-    sd64 = {k: v.double() for k, v in clean_state_dict(src.state_dict()).items()}
+    sd64 = {k: v.double() for k, v in src.state_dict().items()}
     new_sd, new_cfg, report = convert_state(sd64, cfg, c['approximate'], c['max_cond'])
     dst = GPT(new_cfg, verbose=False).double()
     dst.load_state_dict(new_sd)
@@ -186,46 +188,6 @@ def convert(c):
         print(f"  why not exact: {reason}")
     print(f"wrote {out_dir}/ckpt.pt")
     return result
-
-
-# -----------------------------------------------------------------------------
-# OpenAI GPT-2 weights (Hugging Face format) as a baseline model
-
-GPT2_SIZES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
-
-
-def load_gpt2(name_or_path, dropout=0.0):
-    """A GPT from OpenAI GPT-2 weights: a hub name (gpt2..gpt2-xl) or a local folder saved by
-    transformers. Conv1D weights are stored transposed; the MLP uses GPT-2's tanh GELU."""
-    if name_or_path not in GPT2_SIZES and not os.path.isdir(str(name_or_path)):
-        raise UserError(f"init_from must be scratch, resume, one of {', '.join(GPT2_SIZES)} or a local GPT-2 "
-                        f"folder; got {name_or_path!r}")
-    try:
-        from transformers import GPT2LMHeadModel
-    except ImportError:
-        raise UserError("loading GPT-2 weights needs transformers: `pip install transformers`") from None
-    try:
-        hf = GPT2LMHeadModel.from_pretrained(name_or_path)
-    except Exception as e:
-        raise UserError(f"cannot load GPT-2 weights '{name_or_path}' ({type(e).__name__}): without network, "
-                        "save them once with transformers and pass the folder") from None
-    h = hf.config
-    act = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu'}.get(h.activation_function)
-    if act is None:
-        raise UserError(f"unsupported GPT-2 activation {h.activation_function!r}")
-    cfg = GPTConfig(n_layer=h.n_layer, n_head=h.n_head, n_embd=h.n_embd, block_size=h.n_positions,
-                    vocab_size=h.vocab_size, bias=True, tie_weights=True, dropout=dropout,
-                    mlp_hidden=h.n_inner or 4 * h.n_embd, activation=act)
-    model = GPT(cfg)
-    transposed = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
-    sd = {k: v for k, v in hf.state_dict().items() if not k.endswith(('.attn.bias', '.attn.masked_bias'))}
-    ours = model.state_dict()
-    with torch.no_grad():
-        for k, v in sd.items():
-            if k not in ours:
-                raise UserError(f"unexpected tensor {k} in the GPT-2 weights")
-            ours[k].copy_(v.T if k.endswith(transposed) else v)
-    return model
 
 
 def main(argv=None):

@@ -94,6 +94,12 @@ class GPTConfig:
         if self.attn_scale is not None and not self.attn_scale > 0:
             raise ValueError(f"attn_scale must be positive, got {self.attn_scale}")
 
+    @classmethod
+    def from_dict(cls, args):
+        """A config from saved model_args; keys it does not know (nanoGPT's extras) are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in args.items() if k in known})
+
     def resolve_query(self):
         """One source of truth: `query` names the mode, `query_identity` only mirrors it, so old
         configs and checkpoints (which set query_identity=True) mean exactly what they meant."""
@@ -349,6 +355,48 @@ class GPT(nn.Module):
             return None
         return self.flops_per_token(T) * tokens_per_iter / dt / peak_flops
 
+    # -------------------------------------------------------------------------
+    # diagnostics: what the paper's two adjustments (halved scale, lower weight decay) act on
+
+    @torch.no_grad()
+    def diagnostics(self, idx):
+        """On one batch idx (B, T), per layer: the std of the attention logits after the scale
+        (over the causal entries), the mean attention entropy in nats and divided by its maximum
+        ln(t) at position t (position 1, with one key, is left out of the latter), and the RMS of
+        q and k. Then the Frobenius norm of each weight group. It walks the blocks itself, so the
+        training path is untouched; it materialises (B, n_head, T, T) scores: keep B small."""
+        B, T = idx.shape
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T, device=idx.device))
+        causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+        max_entropy = torch.arange(1, T + 1, device=idx.device, dtype=torch.float32).log()
+        out = dict(logit_std=[], entropy=[], entropy_norm=[], q_rms=[], k_rms=[])
+        for block in self.blocks():
+            attn = block.attn
+            q, k, _ = attn.qkv(block.ln_1(x))
+            q, k = q.float(), k.float().repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
+            scores = attn.scale * q @ k.transpose(-1, -2)
+            probs = torch.softmax(scores.masked_fill(~causal, float('-inf')), dim=-1)
+            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # (B, nh, T); masked p = 0 adds 0
+            out['logit_std'].append(scores[..., causal].std().item())
+            out['entropy'].append(entropy.mean().item())
+            out['entropy_norm'].append((entropy[..., 1:] / max_entropy[1:]).mean().item())
+            out['q_rms'].append(q.pow(2).mean().sqrt().item())
+            out['k_rms'].append(k.pow(2).mean().sqrt().item())
+            x = block(x)
+        out['weight_norm'] = self.weight_norms()
+        return out
+
+    def weight_norms(self):
+        """Frobenius norm of each group of matrices, over all layers (each tensor once)."""
+        groups = dict(attn_in=0.0, attn_out=0.0, mlp_in=0.0, mlp_out=0.0, embeddings=0.0)
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            group = ('attn_out' if 'attn.c_proj' in name else 'attn_in' if '.attn.' in name else
+                     'mlp_in' if 'mlp.c_fc' in name else 'mlp_out' if 'mlp.c_proj' in name else 'embeddings')
+            groups[group] += p.detach().float().pow(2).sum().item()
+        return {k: math.sqrt(v) for k, v in groups.items()}
+
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                         use_cache=True, generator=None, eos_token=None):
@@ -396,10 +444,9 @@ class GPT(nn.Module):
         """The model of a checkpoint dict (common.load_checkpoint). nanoGPT's model_args lack
         kvgpt's fields, whose defaults describe nanoGPT's model; old kvgpt checkpoints name the
         reduced model query_identity=True, which GPTConfig reads as query='identity'."""
-        known = {f.name for f in fields(GPTConfig)}
         state = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
         try:
-            model = cls(GPTConfig(**{k: v for k, v in ckpt['model_args'].items() if k in known}), verbose=verbose)
+            model = cls(GPTConfig.from_dict(ckpt['model_args']), verbose=verbose)
             model.load_state_dict(state)
         except (ValueError, RuntimeError, TypeError) as e:
             raise UserError(f"checkpoint weights do not fit its model_args: {str(e).splitlines()[0][:300]}") from None

@@ -20,7 +20,8 @@ import sysconfig
 
 import numpy as np
 
-from common import UserError, get_tokenizer, parse_config, print_config, read_json, run_main, write_json
+from common import (SPLITS, UserError, bins_match_meta, get_tokenizer, parse_config, print_config, read_json,
+                    run_main, write_json)
 
 DEFAULTS = dict(
     dataset='openwebtext',  # 'openwebtext', 'pydocs' (embedded), a hub id, or local file(s)/folder
@@ -34,9 +35,9 @@ DEFAULTS = dict(
     data_root='data',
     out_name=None,  # None: derived from the dataset
     force=False,  # re-run even when an identical finished run exists
+    progress=True,  # datasets' progress bars (train.py turns them off when it prepares pydocs itself)
 )
 LOCAL_BUILDERS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}
-SPLITS = ('train', 'val')
 
 
 # -----------------------------------------------------------------------------
@@ -190,11 +191,6 @@ def pick_dtype(name, vocab_size):
     return name
 
 
-def bin_ok(out_dir, split, meta):
-    path = os.path.join(out_dir, f'{split}.bin')
-    return os.path.exists(path) and os.path.getsize(path) == meta[f'{split}_tokens'] * np.dtype(meta['dtype']).itemsize
-
-
 def prepare(c):
     c = resolve(c)
     tok = get_tokenizer(c['tokenizer'])
@@ -204,10 +200,13 @@ def prepare(c):
     settings = {k: c[k] for k in ('dataset', 'hub_id', 'text_column', 'tokenizer', 'val_size', 'seed', 'dtype')}
     if os.path.exists(meta_path) and not c['force']:
         meta = read_json(meta_path, 'meta.json')
-        if meta.get('settings') == settings and all(bin_ok(out_dir, s, meta) for s in SPLITS):
+        if meta.get('settings') == settings and bins_match_meta(out_dir, meta) is None:
             print(f"{out_dir} is up to date ({meta['train_tokens']:,} train tokens); --force=True to redo it")
             return meta
 
+    if not c['progress']:
+        import datasets
+        datasets.disable_progress_bars()
     ds = load_source(c)
     if c['text_column'] not in ds.column_names:
         raise UserError(f"no column '{c['text_column']}' in {c['dataset']} (columns: {', '.join(ds.column_names)}): "

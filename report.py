@@ -12,9 +12,8 @@ import sys
 
 import torch
 
-from common import (UserError, atomic_write, load_checkpoint, model_config, parse_config, read_json, read_jsonl,
-                    run_main, write_text)
-from model import GPT
+from common import UserError, atomic_write, load_checkpoint, parse_config, read_json, read_jsonl, run_main, write_text
+from model import GPT, GPTConfig
 
 DEFAULTS = dict(
     png=None,  # where to write the plot; None: no plot
@@ -36,7 +35,7 @@ def read_run(out_dir):
         raise UserError(f"{out_dir} has no evaluation yet: nothing to compare")
     model_args = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), mmap=True)['model_args']
     with torch.device('meta'):
-        model = GPT(model_config(model_args), verbose=False)
+        model = GPT(GPTConfig.from_dict(model_args), verbose=False)
     return dict(name=os.path.basename(os.path.normpath(out_dir)), config=config, evals=evals, steps=steps,
                 params=model.get_num_params(), describe=describe(model.config, config))
 

@@ -12,8 +12,8 @@ import os
 import sys
 import torch
 
-from common import (UserError, autocast, get_tokenizer, load_checkpoint, model_from_checkpoint, parse_config,
-                    pick_device, pick_precision, run_main, stream_decoder)
+from common import UserError, get_tokenizer, load_checkpoint, parse_config, run_main, setup_device, stream_decoder
+from model import GPT
 
 DEFAULTS = dict(
     out_dir='out',
@@ -28,7 +28,7 @@ DEFAULTS = dict(
     seed=1337,
     device=None,  # None: cuda when available, else cpu
     dtype=None,  # None: bfloat16 on cuda where supported, else float32
-    compile=False,
+    compile=False,  # True: torch.compile the decoding steps
     use_cache=True,  # False: recompute the whole context for every token (for comparison)
 )
 
@@ -50,12 +50,11 @@ def load_model(c):
     """(model, tokenizer) from out_dir/ckpt.pt or from GPT-2 weights."""
     if c['init_from'] == 'resume':
         ckpt = load_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'))
-        model = model_from_checkpoint(ckpt)
+        model = GPT.from_checkpoint(ckpt)
         # nanoGPT checkpoints carry no tokenizer: theirs are GPT-2 BPE (OpenWebText, Shakespeare)
         name = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')
         return model, get_tokenizer(name)
-    from convert import load_gpt2
-    return load_gpt2(c['init_from']), get_tokenizer('gpt2')
+    return GPT.from_pretrained(c['init_from']), get_tokenizer('gpt2')
 
 
 def read_prompt(start):
@@ -89,29 +88,26 @@ def encode_prompt(text, tok, model):
 def sample(c):
     check_settings(c)
     prompt = read_prompt(c['start'])
-    device = pick_device(c['device'])
-    dtype = pick_precision(c['dtype'], device)
+    dev = setup_device(c['device'], c['dtype'], c['compile'])
     model, tok = load_model(c)
-    model.eval().to(device)
-    if c['compile']:
+    model.eval().to(dev.device)
+    if dev.type == 'cuda' and dev.dtype != 'float32':
+        model.to(getattr(torch, dev.dtype))  # weights and KV cache in 16 bits: no per-token casts
+    if dev.compile:
         model.compile(dynamic=True)  # in place, so generate()'s own calls run compiled; positions vary
     ids = encode_prompt(prompt, tok, model)
-    ctx = autocast(device, dtype)
-    generator = torch.Generator(device=device).manual_seed(c['seed'])
+    generator = torch.Generator(device=dev.device).manual_seed(c['seed'])
     texts = []
     for i in range(c['num_samples']):
         print(f"---------- sample {i + 1} of {c['num_samples']} ----------")
         decoder, pieces = stream_decoder(), []
         print(decoder.decode(tok.decode_bytes(ids)), end='', flush=True)
-        x = torch.tensor([ids], dtype=torch.long, device=device)
-        with ctx:
+        x = torch.tensor([ids], dtype=torch.long, device=dev.device)
+        with dev.ctx:
             stream = model.generate_stream(x, c['max_new_tokens'], c['temperature'], c['top_k'], c['top_p'],
-                                           c['use_cache'], generator)
-            for nxt in stream:
-                token = nxt.item()
-                if token == tok.eot and c['stop_at_eot']:
-                    break
-                piece = decoder.decode(tok.decode_bytes([token]))
+                                           c['use_cache'], generator, tok.eot if c['stop_at_eot'] else None)
+            for nxt in stream:  # end-of-text decodes to nothing
+                piece = decoder.decode(tok.decode_bytes([nxt.item()]))
                 pieces.append(piece)
                 print(piece, end='', flush=True)
         tail = decoder.decode(b'', final=True)

@@ -8,7 +8,7 @@ import torch
 import convert
 import sample
 import train
-from common import UserError, load_checkpoint, model_from_checkpoint, save_checkpoint
+from common import UserError, load_checkpoint, save_checkpoint
 from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -54,9 +54,9 @@ def test_exact_settings_convert_to_identical_logits(data_root, tmp_path, name):
     saved = (32 * 32 + (32 if EXACT[name].get('bias') else 0)) * n_blocks
     assert res['attention_params_before'] - res['attention_params_after'] == saved
     assert res['untied'] == EXACT[name].get('tie_weights', False)
-    src = model_from_checkpoint(load_checkpoint(os.path.join(src_dir, 'ckpt.pt')), verbose=False).eval()
+    src = GPT.from_checkpoint(load_checkpoint(os.path.join(src_dir, 'ckpt.pt')), verbose=False).eval()
     dst_ckpt = load_checkpoint(str(tmp_path / 'dst' / 'ckpt.pt'))
-    dst = model_from_checkpoint(dst_ckpt, verbose=False).eval()
+    dst = GPT.from_checkpoint(dst_ckpt, verbose=False).eval()
     assert dst.config.query_identity and dst.config.scale == src.config.scale and not dst.config.tie_weights
     prompt = torch.tensor([[10, 60, 32, 101]])
     assert torch.equal(src.generate(prompt, 40, temperature=0.0), dst.generate(prompt, 40, temperature=0.0))
@@ -117,7 +117,7 @@ def test_gpt2_import_matches_transformers(tmp_path):
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(cfg).eval()
     hf.save_pretrained(tmp_path / 'gpt2-tiny')
-    ours = convert.load_gpt2(str(tmp_path / 'gpt2-tiny')).eval()
+    ours = GPT.from_pretrained(str(tmp_path / 'gpt2-tiny')).eval()
     assert ours.get_num_params() == sum(p.numel() for p in hf.parameters())
     idx = torch.randint(0, 50257, (2, 24))
     with torch.no_grad():
@@ -131,10 +131,10 @@ def test_gpt2_import_matches_transformers(tmp_path):
 
 def test_gpt2_import_errors_are_clear(tmp_path):
     with pytest.raises(UserError, match='init_from must be'):
-        convert.load_gpt2('gpt3')
+        GPT.from_pretrained('gpt3')
     pytest.importorskip('transformers', reason='transformers is the optional GPT-2 import dependency')
     with pytest.raises(UserError, match="cannot load GPT-2 weights 'gpt2'.*without network"):
-        convert.load_gpt2('gpt2')  # the hub is unreachable here (HF_HUB_OFFLINE in conftest)
+        GPT.from_pretrained('gpt2')  # the hub is unreachable here (HF_HUB_OFFLINE in conftest)
 
 
 def test_nanogpt_checkpoint_loads_as_a_baseline(tmp_path):
@@ -146,7 +146,7 @@ def test_nanogpt_checkpoint_loads_as_a_baseline(tmp_path):
         iter_num=5000, best_val_loss=torch.tensor(2.85), config=dict(dataset='openwebtext'))
     (tmp_path / 'run').mkdir()
     torch.save(nanogpt, tmp_path / 'run' / 'ckpt.pt')
-    model = model_from_checkpoint(load_checkpoint(str(tmp_path / 'run' / 'ckpt.pt')), verbose=False)
+    model = GPT.from_checkpoint(load_checkpoint(str(tmp_path / 'run' / 'ckpt.pt')), verbose=False)
     idx = torch.randint(0, 50257, (1, 16))
     torch.testing.assert_close(model(idx, idx)[0], src(idx, idx)[0], rtol=0, atol=0)
     texts = sample.sample(dict(sample.DEFAULTS, out_dir=str(tmp_path / 'run'), num_samples=1, max_new_tokens=4,

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, CausalSelfAttention, device_peak_flops
+from common import device_peak_flops
+from model import GPT, GPTConfig, CausalSelfAttention
 
 GPT2 = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, bias=False)
 PAPER_VARIANTS = [  # (overrides, total params, attention scale) from the paper's table
@@ -208,7 +209,7 @@ def test_flops_follow_the_model_and_cpu_has_no_peak():
     assert shared.flops_per_token(16) == base.flops_per_token(16)  # a shared block still runs n_layer times
     if not torch.cuda.is_available():
         assert device_peak_flops() is None
-        assert base.estimate_mfu(1000, 0.1) is None
+        assert base.estimate_mfu(1000, 0.1, device_peak_flops()) is None
 
 
 def test_optimizer_decays_matrices_only():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import prepare
-from common import UserError, decode, get_tokenizer
+from common import UserError, get_tokenizer
 
 DOCS = [f"Document {i}: the quick brown fox, café ünïcode ✓ {'word ' * (i % 7)}<|endoftext|> stays text." for i in range(40)]
 
@@ -30,7 +30,7 @@ def read_docs(out_dir, split, tok):
     ids = np.fromfile(os.path.join(out_dir, f'{split}.bin'), dtype=meta['dtype'])
     assert ids[-1] == tok.eot
     cuts = np.flatnonzero(ids == tok.eot)
-    return [decode(tok, ids[a + 1 if a >= 0 else 0:b].tolist()) for a, b in zip(np.r_[-1, cuts[:-1]], cuts)]
+    return [tok.decode_bytes(ids[a + 1 if a >= 0 else 0:b].tolist()).decode() for a, b in zip(np.r_[-1, cuts[:-1]], cuts)]
 
 
 @pytest.mark.parametrize('tokenizer', ['byte', 'gpt2'])

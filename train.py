@@ -10,24 +10,24 @@ variant, every restart and every world size sees the same token windows at the s
 step, which is what makes the paper's side-by-side comparisons fair. Checkpoints are
 written atomically, never from a non-finite state, and resuming continues bit for bit.
 """
+import fcntl
 import gc
 import json
 import math
 import os
 import signal
+import socket
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, fields
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (UserError, autocast, device_peak_flops, load_checkpoint, model_from_checkpoint, parse_config, pick_device,
-                    pick_precision, print_config, read_json, read_jsonl, read_windows, run_main, save_checkpoint, write_json,
-                    write_text)
+from common import (UserError, device_peak_flops, load_checkpoint, open_dataset, parse_config, print_config,
+                    read_json, read_jsonl, run_main, save_checkpoint, setup_device, write_json, write_text)
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -41,6 +41,10 @@ DEFAULTS = dict(
     log_interval=10,
     eval_only=False,
     always_save_checkpoint=True,  # False: save only when val loss improves (nanoGPT's option)
+    keep_checkpoints=(),  # steps at which ckpt_<step>.pt is also kept (the paper configs: 50k, 100k, 105k)
+    eval_windows='fixed',  # 'fixed': one set of eval windows for the whole run; 'fresh': new ones at every
+    #                        evaluation (the authors' protocol), the same for every variant at the same step
+    diagnostics=True,  # attention and weight diagnostics at every evaluation, into log.jsonl
     init_from='scratch',  # 'scratch', 'resume', 'gpt2'..'gpt2-xl' or a local Hugging Face GPT-2 folder
     wandb_log=False,
     wandb_project='kvgpt',
@@ -55,7 +59,7 @@ DEFAULTS = dict(
     # the model: every GPTConfig field, with its default (see model.py); then:
     # AdamW and the learning-rate schedule
     learning_rate=6e-4,
-    max_iters=100000,
+    max_iters=105002,  # the authors' runs: max_iters=105001 in a loop that stops after iter_num > max_iters
     weight_decay=0.1,
     beta1=0.9,
     beta2=0.95,
@@ -66,50 +70,76 @@ DEFAULTS = dict(
     min_lr=6e-5,
     # system
     device=None,  # None: cuda when available, else cpu
-    dtype=None,  # None: bfloat16 where supported on cuda, else float32
+    dtype=None,  # None: bfloat16 on cuda where native, float16 on older GPUs, float32 on cpu
     compile=None,  # None: on for cuda, off elsewhere
     backend=None,  # None: nccl on cuda, gloo on cpu
     seed=1337,  # model init and dropout
 )
 MODEL_KEYS = [f.name for f in fields(GPTConfig)]
-# None for the fields GPTConfig derives (mlp_hidden, n_kv_head, ...): derived again from the final config
-DEFAULTS.update({f.name: f.default for f in fields(GPTConfig) if f.name not in ('block_size',)})
+# every model field is a key, with GPTConfig's default (None where GPTConfig derives it)
+DEFAULTS.update({f.name: f.default for f in fields(GPTConfig) if f.name not in DEFAULTS})
 DEFAULTS['vocab_size'] = None  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
+TIMING_WARMUP = 2  # steps after each (re)start left out of step times, tokens/s, MFU and ETA: compilation
 
 
 # -----------------------------------------------------------------------------
 # setup
 
+def check_settings(c, world):
+    if c['gradient_accumulation_steps'] % world:
+        raise UserError(f"gradient_accumulation_steps {c['gradient_accumulation_steps']} is not divisible by the "
+                        f"world size {world}: the global batch must be the same at every world size")
+    for key in ('batch_size', 'block_size', 'max_iters', 'eval_interval', 'eval_iters', 'log_interval'):
+        if c[key] < (0 if key == 'max_iters' else 1):
+            raise UserError(f"{key} must be positive, got {c[key]}")
+    if c['eval_windows'] not in ('fixed', 'fresh'):
+        raise UserError(f"eval_windows must be 'fixed' or 'fresh', got {c['eval_windows']!r}")
+    if not all(isinstance(k, int) and k > 0 for k in c['keep_checkpoints']):
+        raise UserError(f"keep_checkpoints must be a tuple of positive steps, got {c['keep_checkpoints']!r}")
+
+
 def setup_distributed(c):
-    """(ddp, rank, local_rank, world_size, device); torchrun sets RANK/LOCAL_RANK/WORLD_SIZE."""
-    ddp = int(os.environ.get('RANK', -1)) != -1
-    device = pick_device(c['device'])
-    if not ddp:
-        return False, 0, 0, 1, device
-    rank, local_rank, world = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
+    """(ddp, rank, world_size, device); torchrun sets RANK, LOCAL_RANK and WORLD_SIZE."""
+    device = c['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
+    if int(os.environ.get('RANK', -1)) == -1:
+        return False, 0, 1, device
+    rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     if device.startswith('cuda'):
-        device = f'cuda:{local_rank}'
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
         torch.cuda.set_device(device)
     dist.init_process_group(backend=c['backend'] or ('nccl' if device.startswith('cuda') else 'gloo'))
-    return True, rank, local_rank, world, device
+    return True, rank, world, device
 
 
-def load_data_meta(c):
-    """meta.json and both bins, checked against each other before step 0."""
-    data_dir = os.path.join(c['data_root'], c['dataset'])
-    meta_path = os.path.join(data_dir, 'meta.json')
-    if not os.path.exists(meta_path):
-        raise UserError(f"no prepared dataset at {data_dir}: run `python prepare.py --dataset={c['dataset']}` first")
-    meta = read_json(meta_path, 'meta.json')
-    for split in ('train', 'val'):
-        path = os.path.join(data_dir, f'{split}.bin')
-        size = os.path.getsize(path) if os.path.exists(path) else -1
-        if size != meta[f'{split}_tokens'] * np.dtype(meta['dtype']).itemsize:
-            raise UserError(f"{path} does not match meta.json (missing or truncated): re-run prepare.py with --force=True")
-        if meta[f'{split}_tokens'] <= c['block_size'] + 1:
-            raise UserError(f"{path} has {meta[f'{split}_tokens']} tokens, too few for block_size {c['block_size']}")
-    meta['data_dir'] = data_dir
-    return meta
+def lock_out_dir(out_dir):
+    """One run per out_dir: an exclusive flock on out_dir/.lock, which the OS releases when the
+    process ends however it ends, so a crash never leaves a stale lock. Held for the run."""
+    os.makedirs(out_dir, exist_ok=True)
+    f = open(os.path.join(out_dir, '.lock'), 'a+')
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or 'another process'
+        f.close()
+        raise UserError(f"{out_dir} is in use by {holder}: wait for that run, stop it, or choose another --out_dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"train.py (pid {os.getpid()} on {socket.gethostname()})")
+    f.flush()
+    return f
+
+
+def open_data(c, master, ddp):
+    """The prepared dataset; the embedded pydocs corpus is prepared here when it is missing."""
+    if c['dataset'] == 'pydocs' and not os.path.exists(os.path.join(c['data_root'], 'pydocs', 'meta.json')):
+        if master:
+            import prepare
+            print(f"no prepared pydocs in {c['data_root']}/: preparing the embedded corpus first (offline, ~10 s)")
+            prepare.prepare(dict(prepare.DEFAULTS, dataset='pydocs', data_root=c['data_root'], progress=False))
+        if ddp:
+            dist.barrier()
+    return open_dataset(c['data_root'], c['dataset'], c['block_size'])
 
 
 def model_args_from(c, meta):
@@ -119,57 +149,33 @@ def model_args_from(c, meta):
     return args
 
 
-def check_model_fits_data(model_args, meta, c):
-    if model_args['vocab_size'] < meta['vocab_size']:
-        raise UserError(f"the model's vocab_size {model_args['vocab_size']} is smaller than the dataset's "
-                        f"{meta['vocab_size']} ({meta['tokenizer']}): raise vocab_size or leave it None")
-    if c['block_size'] > model_args['block_size']:
-        raise UserError(f"block_size {c['block_size']} is longer than the model's {model_args['block_size']}")
-
-
 def build_model(c, meta, master):
-    """(model, checkpoint or None) for init_from = scratch | resume | gpt2*."""
+    """(model, checkpoint or None) for init_from = scratch | resume | gpt2* or a GPT-2 folder."""
     ckpt = None
     if c['init_from'] == 'scratch':
-        args = model_args_from(c, meta)
         try:
-            model = GPT(GPTConfig(**args), verbose=master)
+            model = GPT(GPTConfig(**model_args_from(c, meta)), verbose=master)
         except ValueError as e:
             raise UserError(f"bad model config: {e}") from None
     elif c['init_from'] == 'resume':
         ckpt = load_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'))
-        model = model_from_checkpoint(ckpt, verbose=master)
-        changed = {k: (c[k], v) for k, v in ckpt['model_args'].items() if c.get(k) is not None and c[k] != v}
+        model = GPT.from_checkpoint(ckpt, verbose=master)
+        changed = [k for k, v in ckpt['model_args'].items() if c.get(k) is not None and c[k] != v]
         if changed and master:
-            print(f"resuming: the checkpoint's model settings win over {', '.join(f'{k}={a!r}' for k, (a, _) in changed.items())}")
+            print(f"resuming: the checkpoint's model settings win over {', '.join(f'{k}={c[k]!r}' for k in changed)}")
     else:
-        from convert import load_gpt2
-        model = load_gpt2(c['init_from'], dropout=c['dropout'])
-    check_model_fits_data(asdict(model.config), meta, c)
+        model = GPT.from_pretrained(c['init_from'], dropout=c['dropout'])
+    if model.config.vocab_size < meta['vocab_size']:
+        raise UserError(f"the model's vocab_size {model.config.vocab_size} is smaller than the dataset's "
+                        f"{meta['vocab_size']} ({meta['tokenizer']}): raise vocab_size or leave it None")
+    if c['block_size'] > model.config.block_size:
+        raise UserError(f"block_size {c['block_size']} is longer than the model's {model.config.block_size}")
     return model, ckpt
 
 
-# -----------------------------------------------------------------------------
-# data: batch-matched by construction
-
-def step_offsets(n_tokens, block_size, count, *key):
-    """`count` window starts drawn from a generator seeded by key alone."""
-    seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(n_tokens - block_size - 1, (count,), generator=g).numpy()
-
-
-def get_batch(meta, split, offsets, block_size, device):
-    xy = read_windows(os.path.join(meta['data_dir'], f'{split}.bin'), meta['dtype'], offsets, block_size + 1)
-    x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
-    if device.startswith('cuda'):
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x, y
-
-
 def lr_at(it, c):
-    """Linear warmup, then cosine decay to min_lr at lr_decay_iters (the authors stop at
-    max_iters=100k on a 600k schedule, so their runs end well above min_lr)."""
+    """Linear warmup, then cosine decay to min_lr at lr_decay_iters (the authors stop at step
+    ~105k of a 600k schedule, so their runs end at 93.6% of the peak rate)."""
     if not c['decay_lr']:
         return c['learning_rate']
     if it < c['warmup_iters']:
@@ -178,28 +184,6 @@ def lr_at(it, c):
         return c['min_lr']
     ratio = (it - c['warmup_iters']) / max(1, c['lr_decay_iters'] - c['warmup_iters'])
     return c['min_lr'] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c['learning_rate'] - c['min_lr'])
-
-
-@torch.no_grad()
-def estimate_loss(model, meta, c, ctx, device, rank, world):
-    """Mean loss over the same eval_iters batches every time (a fixed set: eval curves of
-    different variants are measured on identical tokens). Ranks split the batches."""
-    model.eval()
-    out = {}
-    for split_id, split in enumerate(('train', 'val')):
-        offsets = step_offsets(meta[f'{split}_tokens'], c['block_size'], c['eval_iters'] * c['batch_size'],
-                               c['data_seed'], 2 ** 31 + split_id)
-        total = torch.zeros(2, dtype=torch.float64, device=device)
-        for i in range(rank, c['eval_iters'], world):
-            x, y = get_batch(meta, split, offsets[i * c['batch_size']:(i + 1) * c['batch_size']], c['block_size'], device)
-            with ctx:
-                _, loss = model(x, y)
-            total += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=device)])
-        if world > 1:
-            dist.all_reduce(total)
-        out[split] = (total[0] / total[1]).item()
-    model.train()
-    return out
 
 
 # -----------------------------------------------------------------------------
@@ -268,175 +252,262 @@ def init_wandb(c):
     return wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
 
 
+def format_eta(seconds):
+    m = int(seconds // 60)
+    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{int(seconds % 60):02d}s"
+
+
 # -----------------------------------------------------------------------------
+# the run
+
+class Trainer:
+    """One training run, its steps in the order they happen: __init__ (set up and restore),
+    step, log_step, evaluate, save; run() is the loop."""
+
+    def __init__(self, c, ddp, rank, world, device):
+        check_settings(c, world)
+        self.c, self.ddp, self.rank, self.world = c, ddp, rank, world
+        self.master = rank == 0
+        self.dev = setup_device(device, c['dtype'], c['compile'])
+        self.accum = c['gradient_accumulation_steps'] // world
+        self.tokens_per_iter = c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
+        torch.manual_seed(c['seed'] + rank)
+        self.data = open_data(c, self.master, ddp)
+        if self.master:
+            print_config(c)
+            if not c['eval_only']:
+                write_json(os.path.join(c['out_dir'], 'config.json'), c)
+        self.raw_model, ckpt = build_model(c, self.data.meta, self.master)
+        self.raw_model.to(self.dev.device)
+        self.scaler = torch.amp.GradScaler(self.dev.type, enabled=self.dev.dtype == 'float16')
+        self.optimizer = self.raw_model.configure_optimizers(c['weight_decay'], c['learning_rate'],
+                                                             (c['beta1'], c['beta2']), self.dev.type)
+        self.iter_num, self.best_val_loss = 0, float('inf')
+        if ckpt is not None:
+            self.restore(ckpt)
+        self.start_iter = self.iter_num
+        if self.master:
+            print(f"tokens per iteration: {self.tokens_per_iter:,} ({c['gradient_accumulation_steps']} x "
+                  f"{c['batch_size']} x {c['block_size']}, {world} process(es)); starting at iter {self.iter_num}")
+        self.model = torch.compile(self.raw_model) if self.dev.compile else self.raw_model
+        if ddp:
+            self.model = DDP(self.model, device_ids=[torch.device(self.dev.device).index] if self.dev.type == 'cuda' else None)
+        log_path = os.path.join(c['out_dir'], 'log.jsonl')
+        if self.master:
+            truncate_log(log_path, self.iter_num)
+        self.log = Logger(log_path, init_wandb(c) if self.master else None)
+        self.diag_x = self.data.batch('val', self.data.starts('val', min(4, c['batch_size']), c['data_seed'], 2 ** 31 + 7),
+                                      self.dev.device)[0]
+        self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.dev.device)
+        self.loss_sum = torch.zeros((), dtype=torch.float32, device=self.dev.device)
+        self.lr, self.signal, self.clock = None, None, None
+
+    def restore(self, ckpt):
+        if 'optimizer' in ckpt:
+            self.optimizer.load_state_dict(ckpt['optimizer'])
+        elif self.master:
+            print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a fresh AdamW")
+        if ckpt.get('scaler'):
+            self.scaler.load_state_dict(ckpt['scaler'])
+        self.iter_num, self.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
+        set_rng_state(ckpt.get('rng', []), self.rank, self.dev.device)
+
+    def any_rank(self, flag):
+        """True when flag is set on any rank: every rank takes the same branch, so none is left
+        waiting in a collective the others never reach. Outside DDP, no sync for a Python bool."""
+        if not self.ddp:
+            return bool(flag)
+        t = flag.float().reshape(1) if torch.is_tensor(flag) else torch.tensor([float(flag)], device=self.dev.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item() > 0
+
+    def check_finite(self):
+        if self.any_rank(self.nonfinite):
+            raise UserError(f"the loss became non-finite by iter {self.iter_num}; the last good checkpoint in "
+                            f"{self.c['out_dir']} is untouched: lower learning_rate, use dtype=bfloat16, or resume from it")
+
+    def step(self):
+        """One optimizer step over the global batch of this iteration."""
+        c, bs = self.c, self.c['batch_size']
+        self.lr = lr_at(self.iter_num, c)
+        for group in self.optimizer.param_groups:
+            group['lr'] = self.lr
+        starts = self.data.starts('train', c['gradient_accumulation_steps'] * bs, c['data_seed'], self.iter_num)
+        self.loss_sum.zero_()
+        for micro in range(self.accum):
+            m = self.rank * self.accum + micro  # this micro-batch's index in the global batch
+            x, y = self.data.batch('train', starts[m * bs:(m + 1) * bs], self.dev.device)
+            # DDP averages over ranks; dividing by the local accumulation makes the global mean
+            sync = self.model.no_sync() if self.ddp and micro < self.accum - 1 else nullcontext()
+            with sync:
+                with self.dev.ctx:
+                    _, loss = self.model(x, y)
+                self.scaler.scale(loss / self.accum).backward()
+            loss = loss.detach()
+            self.nonfinite |= ~torch.isfinite(loss)
+            self.loss_sum += loss.float()
+        if c['grad_clip'] > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), c['grad_clip'])
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.iter_num += 1
+        if self.iter_num - self.start_iter == TIMING_WARMUP:
+            self.clock = (self.iter_num, time.time())
+
+    def step_time(self):
+        """Seconds per step since the last log, warm-up and evaluations left out; None before any."""
+        if self.clock is None or self.clock[0] == self.iter_num:
+            return None
+        now = time.time()
+        dt = (now - self.clock[1]) / (self.iter_num - self.clock[0])
+        self.clock = (self.iter_num, now)
+        return dt
+
+    def log_step(self):
+        c = self.c
+        self.check_finite()
+        mean_loss = self.loss_sum / self.accum  # this step's global-batch mean: the same after a resume
+        if self.ddp:
+            dist.all_reduce(mean_loss)
+            mean_loss /= self.world
+        loss, dt = mean_loss.item(), self.step_time()
+        mfu = dt and self.raw_model.estimate_mfu(self.tokens_per_iter // self.world, dt,
+                                                 device_peak_flops(self.dev.device), c['block_size'])
+        eta = dt and dt * (c['max_iters'] - self.iter_num)
+        if not self.master:
+            return
+        timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
+        mfu_text = f", mfu {mfu * 100:.1f}%" if mfu else ""
+        print(f"iter {self.iter_num}: loss {loss:.4f}, lr {self.lr:.2e}{timing}{mfu_text}")
+        self.log(iter=self.iter_num, tokens=self.iter_num * self.tokens_per_iter, lr=self.lr, loss=loss,
+                 dt_ms=dt and dt * 1000, tokens_per_s=dt and self.tokens_per_iter / dt, mfu=mfu, eta_s=eta)
+
+    @torch.no_grad()
+    def estimate_loss(self):
+        """Mean loss over eval_iters batches per split, the ranks splitting them. 'fixed' windows
+        are one set for the whole run; 'fresh' ones are drawn anew at every evaluation step. Either
+        way they depend on (data_seed, step) alone: every variant is measured on identical tokens."""
+        c, bs = self.c, self.c['batch_size']
+        self.model.eval()
+        out = {}
+        for split_id, split in enumerate(('train', 'val')):
+            key = (c['data_seed'], 2 ** 31 + split_id) + ((self.iter_num,) if c['eval_windows'] == 'fresh' else ())
+            starts = self.data.starts(split, c['eval_iters'] * bs, *key)
+            total = torch.zeros(2, dtype=torch.float64, device=self.dev.device)
+            for i in range(self.rank, c['eval_iters'], self.world):
+                x, y = self.data.batch(split, starts[i * bs:(i + 1) * bs], self.dev.device)
+                with self.dev.ctx:
+                    _, loss = self.model(x, y)
+                total += torch.stack([loss.double(), torch.ones_like(total[0])])
+            if self.ddp:
+                dist.all_reduce(total)
+            out[split] = (total[0] / total[1]).item()
+        self.model.train()
+        return out
+
+    def evaluate(self):
+        c, t0 = self.c, time.time()
+        self.check_finite()
+        losses = self.estimate_loss()
+        entry = dict(iter=self.iter_num, tokens=self.iter_num * self.tokens_per_iter, train_loss=losses['train'],
+                     val_loss=losses['val'])
+        if self.master and c['diagnostics']:
+            self.raw_model.eval()
+            with self.dev.ctx:
+                entry['diagnostics'] = self.raw_model.diagnostics(self.diag_x)
+            self.raw_model.train()
+        if self.master:
+            print(f"iter {self.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            self.log(**entry)
+        if not math.isfinite(losses['val']):
+            raise UserError(f"val loss is non-finite at iter {self.iter_num}; the checkpoints in {c['out_dir']} are untouched")
+        improved = losses['val'] < self.best_val_loss
+        self.best_val_loss = min(self.best_val_loss, losses['val'])
+        if not c['eval_only'] and self.iter_num > self.start_iter and (improved or c['always_save_checkpoint']):
+            self.save('eval')
+        if self.clock is not None:  # step times leave evaluations out
+            self.clock = (self.clock[0], self.clock[1] + time.time() - t0)
+
+    def save(self, reason, name='ckpt.pt'):
+        """Write a checkpoint atomically from rank 0. The ranks agree on failure first, so a save
+        that fails on rank 0 ends every rank with its message instead of a hang."""
+        states = rng_state(self.dev.device, self.ddp)  # a collective: every rank takes part
+        path = os.path.join(self.c['out_dir'], name)
+        error = self.write_checkpoint(states, path) if self.master else None
+        if self.any_rank(error is not None):
+            raise UserError(error or f"rank 0 could not save {path} at iter {self.iter_num} (see its error)")
+        if self.master:
+            print(f"saved {path} at iter {self.iter_num} ({reason})")
+
+    def write_checkpoint(self, states, path):
+        """None once written, else why not; the file at path stays as it was either way."""
+        if not params_finite(self.raw_model):
+            return f"parameters are non-finite at iter {self.iter_num}; not saving, {path} is untouched"
+        c = self.c
+        try:
+            save_checkpoint(dict(
+                model=self.raw_model.state_dict(), optimizer=self.optimizer.state_dict(),
+                model_args=asdict(self.raw_model.config), iter_num=self.iter_num, best_val_loss=self.best_val_loss,
+                config=c, meta=self.data.meta, rng=states, tokens_seen=self.iter_num * self.tokens_per_iter,
+                scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None), path)
+        except OSError as e:
+            return f"cannot write {path} ({e.strerror or e}); the previous file there is untouched"
+        return None
+
+    def on_signal(self, signum, frame):  # cluster preemption: finish the step, save, exit
+        self.signal = signum
+
+    def stop_requested(self):
+        """A signal arrived on any rank. Under DDP that is one all-reduce, so it is asked only
+        at log steps: still well inside torchrun's grace period, and no per-step host sync."""
+        if not self.ddp:
+            return self.signal is not None
+        return self.iter_num % self.c['log_interval'] == 0 and self.any_rank(self.signal is not None)
+
+    def run(self):
+        c, keep = self.c, set(self.c['keep_checkpoints'])
+        while True:
+            if self.iter_num % c['eval_interval'] == 0 or self.iter_num >= c['max_iters'] or c['eval_only']:
+                self.evaluate()
+            if self.iter_num >= c['max_iters'] or c['eval_only']:
+                return
+            self.step()
+            if self.iter_num in keep:
+                self.check_finite()
+                self.save('kept', f'ckpt_{self.iter_num}.pt')
+            if self.iter_num % c['log_interval'] == 0:
+                self.log_step()
+            if self.stop_requested():
+                self.check_finite()
+                self.save('signal')
+                if self.master:
+                    print(f"stopped by a signal at iter {self.iter_num}; resume with --init_from=resume")
+                return
+
 
 def train(c):
-    ddp, rank, local_rank, world, device = setup_distributed(c)
-    master = rank == 0
+    ddp, rank, world, device = setup_distributed(c)
+    lock = lock_out_dir(c['out_dir']) if rank == 0 else None
+    handlers = {}
     try:
-        _train(c, ddp, rank, world, device, master)
+        trainer = Trainer(c, ddp, rank, world, device)
+        handlers = {s: signal.signal(s, trainer.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        trainer.run()
         if ddp:
             # Free the DDP wrapper (its reducer holds gloo work) while the group is alive, and let
             # rank 0 finish writing: either torn down late aborts the process (SIGABRT) at exit.
+            del trainer
             gc.collect()
             dist.barrier()
     finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
         if ddp:
             dist.destroy_process_group()
-
-
-def _train(c, ddp, rank, world, device, master):
-    if c['gradient_accumulation_steps'] % world:
-        raise UserError(f"gradient_accumulation_steps {c['gradient_accumulation_steps']} is not divisible by the "
-                        f"world size {world}: the global batch must be the same at every world size")
-    for key in ('batch_size', 'block_size', 'max_iters', 'eval_interval', 'eval_iters', 'log_interval'):
-        if c[key] < (0 if key == 'max_iters' else 1):
-            raise UserError(f"{key} must be positive, got {c[key]}")
-    accum = c['gradient_accumulation_steps'] // world
-    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-    dtype = pick_precision(c['dtype'], device)
-    compile_ = device_type == 'cuda' if c['compile'] is None else c['compile']
-    torch.manual_seed(c['seed'] + rank)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    meta = load_data_meta(c)
-    if master:
-        print_config(c)
-        os.makedirs(c['out_dir'], exist_ok=True)
-        write_json(os.path.join(c['out_dir'], 'config.json'), c)
-    tokens_per_iter = c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
-    model, ckpt = build_model(c, meta, master)
-    model.to(device)
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
-    optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']), device_type)
-    iter_num, best_val_loss = 0, float('inf')
-    if ckpt is not None and 'optimizer' not in ckpt and master:
-        print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a fresh AdamW")
-    if ckpt is not None:
-        if 'optimizer' in ckpt:
-            optimizer.load_state_dict(ckpt['optimizer'])
-        if ckpt.get('scaler'):
-            scaler.load_state_dict(ckpt['scaler'])
-        iter_num, best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
-        set_rng_state(ckpt.get('rng', []), rank, device)
-        ckpt = None  # free memory
-    if master:
-        print(f"tokens per iteration: {tokens_per_iter:,} ({c['gradient_accumulation_steps']} x {c['batch_size']} "
-              f"x {c['block_size']}, {world} process(es)); starting at iter {iter_num}")
-    raw_model = model
-    if compile_:
-        model = torch.compile(model)
-    if ddp:
-        model = DDP(model, device_ids=[int(device.split(':')[1])] if device_type == 'cuda' else None)
-    ctx = autocast(device, dtype)
-    log_path = os.path.join(c['out_dir'], 'log.jsonl')
-    if master:
-        truncate_log(log_path, iter_num)
-    log = Logger(log_path, init_wandb(c) if master else None)
-    ckpt_path = os.path.join(c['out_dir'], 'ckpt.pt')
-
-    stop = {'signal': None}
-    def on_signal(signum, frame):  # cluster preemption: finish the step, save, exit
-        stop['signal'] = signum
-    old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def check_finite(nonfinite):
-        flag = nonfinite.clone().float()
-        if ddp:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0:
-            raise UserError(f"the loss became non-finite by iter {iter_num}; the last good checkpoint {ckpt_path} "
-                            f"is untouched: lower learning_rate, use dtype=bfloat16, or resume from it")
-
-    def save(reason):
-        states = rng_state(device, ddp)  # a collective: every rank takes part
-        if not master:
-            return
-        if not params_finite(raw_model):
-            raise UserError(f"parameters are non-finite at iter {iter_num}; not saving, {ckpt_path} is untouched")
-        save_checkpoint(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
-                             model_args=asdict(raw_model.config), iter_num=iter_num, best_val_loss=best_val_loss,
-                             config=c, meta={k: v for k, v in meta.items() if k != 'data_dir'}, rng=states,
-                             scaler=scaler.state_dict() if scaler.is_enabled() else None,
-                             tokens_seen=iter_num * tokens_per_iter), ckpt_path)
-        print(f"saved {ckpt_path} at iter {iter_num} ({reason})")
-
-    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-    t_last, iters_since_log, start_iter = time.time(), 0, iter_num
-    while True:
-        if iter_num % c['eval_interval'] == 0 or iter_num >= c['max_iters'] or c['eval_only']:
-            t_eval = time.time()
-            check_finite(nonfinite)
-            losses = estimate_loss(model, meta, c, ctx, device, rank, world)
-            if master:
-                print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                log(iter=iter_num, tokens=iter_num * tokens_per_iter, train_loss=losses['train'], val_loss=losses['val'])
-            improved = losses['val'] < best_val_loss
-            best_val_loss = min(best_val_loss, losses['val'])
-            if not math.isfinite(losses['val']):
-                raise UserError(f"val loss is non-finite at iter {iter_num}; {ckpt_path} is untouched")
-            if not c['eval_only'] and iter_num > start_iter and (improved or c['always_save_checkpoint']):
-                save('eval')
-            t_last += time.time() - t_eval  # step times exclude evaluation
-        if iter_num >= c['max_iters'] or c['eval_only']:
-            break
-
-        loss_sum.zero_()
-        lr = lr_at(iter_num, c)
-        for group in optimizer.param_groups:
-            group['lr'] = lr
-        offsets = step_offsets(meta['train_tokens'], c['block_size'], c['gradient_accumulation_steps'] * c['batch_size'],
-                               c['data_seed'], iter_num)
-        for micro in range(accum):
-            m = rank * accum + micro  # this micro-batch's index in the global batch
-            x, y = get_batch(meta, 'train', offsets[m * c['batch_size']:(m + 1) * c['batch_size']], c['block_size'], device)
-            # DDP averages over ranks; dividing by the local accumulation makes the global mean
-            sync = model.no_sync() if ddp and micro < accum - 1 else nullcontext()
-            with sync:
-                with ctx:
-                    _, loss = model(x, y)
-                scaler.scale(loss / accum).backward()
-            loss = loss.detach()
-            nonfinite |= ~torch.isfinite(loss)
-            loss_sum += loss.float()
-        if c['grad_clip'] > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c['grad_clip'])
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        iter_num += 1
-        iters_since_log += 1
-
-        if iter_num % c['log_interval'] == 0:
-            check_finite(nonfinite)
-            mean_loss = loss_sum / accum  # this step's global-batch mean: the same after a resume
-            if ddp:
-                dist.all_reduce(mean_loss)
-                mean_loss /= world
-            dt = (time.time() - t_last) / iters_since_log
-            mfu = raw_model.estimate_mfu(tokens_per_iter // world, dt, device_peak_flops(device), c['block_size'])
-            if master:
-                mfu_text = f", mfu {mfu * 100:.1f}%" if mfu is not None else ""
-                print(f"iter {iter_num}: loss {mean_loss.item():.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter{mfu_text}")
-                log(iter=iter_num, tokens=iter_num * tokens_per_iter, lr=lr, loss=mean_loss.item(),
-                    dt_ms=dt * 1000, tokens_per_s=tokens_per_iter / dt, mfu=mfu)
-            iters_since_log, t_last = 0, time.time()
-
-        stop_now = stop['signal'] is not None
-        if ddp:  # every rank must agree to stop at the same step, or the next collective hangs
-            flag = torch.tensor(float(stop_now), device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop_now = flag.item() > 0
-        if stop_now:
-            check_finite(nonfinite)
-            save('signal')
-            if master:
-                print(f"stopped by a signal at iter {iter_num}; resume with --init_from=resume")
-            break
-    for s, h in old_handlers.items():
-        signal.signal(s, h)
+        if lock is not None:
+            lock.close()
 
 
 def main(argv=None):
