@@ -219,3 +219,116 @@ def test_optimizer_decays_matrices_only():
     assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
     assert all(p.dim() >= 2 for p in decay['params']) and all(p.dim() < 2 for p in no_decay['params'])
     assert sum(p.numel() for g in opt.param_groups for p in g['params']) == model.get_num_params()
+
+
+# -----------------------------------------------------------------------------
+# the query family: linear, identity, residual, residual_gelu (authors' code), nonlinear (follow-up)
+
+def reference_query(attn, x, cfg):
+    """Each mode's query from its formula in plain torch (float64), independent of the module."""
+    C = x.size(-1)
+    W = attn.c_attn.weight.T
+    xq = x @ W[:, :C] if cfg.query in ('linear', 'residual', 'residual_gelu') else None
+    gelu = lambda z: 0.5 * z * (1 + torch.erf(z / math.sqrt(2)))
+    if cfg.query == 'linear':
+        return xq
+    if cfg.query == 'identity':
+        return x
+    if cfg.query == 'residual':
+        return x + xq
+    if cfg.query == 'residual_gelu':
+        return x + gelu(xq)
+    m = attn.q_mlp
+    rms = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps) * m.norm.weight
+    z = gelu(rms @ m.fc.weight.T) @ m.proj.weight.T
+    ln = (z - z.mean(-1, keepdim=True)) / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + 1e-5) * m.ln.weight
+    return cfg.query_mix * (x + ln)
+
+
+def reference_attention_with_query(attn, x, cfg):
+    B, T, C = x.shape
+    hd, nh, nkv = C // cfg.n_head, cfg.n_head, cfg.n_kv_head
+    W = attn.c_attn.weight.T
+    q_dim = C if cfg.query in ('linear', 'residual', 'residual_gelu') else 0
+    k, v = W[:, q_dim:].split([nkv * hd, nkv * hd], dim=1)
+    q, k, v = reference_query(attn, x, cfg), x @ k, x @ v
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    out = []
+    for h in range(nh):
+        g = h // (nh // nkv)
+        s = cfg.scale * q[..., h * hd:(h + 1) * hd] @ k[..., g * hd:(g + 1) * hd].transpose(-1, -2)
+        out.append(torch.softmax(s.masked_fill(~causal, float('-inf')), dim=-1) @ v[..., g * hd:(g + 1) * hd])
+    return torch.cat(out, dim=-1) @ attn.c_proj.weight.T
+
+
+QUERY_CASES = [(q, kv, {}) for q in ('linear', 'identity', 'residual', 'residual_gelu', 'nonlinear') for kv in (4, 2)]
+QUERY_CASES += [('nonlinear', kv, dict(query_mix=1.0)) for kv in (4, 2)] + [('nonlinear', 4, dict(query_rank=8))]
+
+
+@pytest.mark.parametrize('query,n_kv_head,extra', QUERY_CASES)
+def test_query_modes_match_their_formulas(query, n_kv_head, extra):
+    cfg = GPTConfig(n_embd=32, n_head=4, n_kv_head=n_kv_head, query=query, **extra)
+    torch.manual_seed(5)
+    attn = CausalSelfAttention(cfg).double()
+    with torch.no_grad():  # non-trivial norm weights, so that a missing weight would show
+        for p in attn.parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    torch.testing.assert_close(attn(x), reference_attention_with_query(attn, x, cfg), rtol=1e-10, atol=1e-12)
+
+
+def test_query_parameter_counts_and_flops():
+    with torch.device('meta'):
+        counts = {q: GPT(GPTConfig(**GPT2, query=q), verbose=False) for q in
+                  ('linear', 'identity', 'residual', 'residual_gelu', 'nonlinear')}
+    assert {q: m.get_num_params() for q, m in counts.items()} == dict(
+        linear=124_373_760, identity=117_295_872, residual=124_373_760, residual_gelu=124_373_760,
+        nonlinear=124_373_760 + 12 * 2 * 768)  # W1 + W2 = d^2 at r = d/2, plus RMSNorm and LN weights
+    base = counts['linear'].flops_per_token()
+    assert counts['nonlinear'].flops_per_token() == base == counts['residual'].flops_per_token()
+    assert base - counts['identity'].flops_per_token() == 6 * 12 * 768 ** 2
+    assert counts['nonlinear'].param_breakdown()['attention'] == counts['linear'].param_breakdown()['attention'] + 12 * 1536
+
+
+def test_query_identity_is_a_shorthand_for_the_identity_mode():
+    assert GPTConfig(query_identity=True).query == 'identity'
+    assert GPTConfig(query='identity').query_identity is True
+    assert GPTConfig(query='nonlinear').query_identity is False and GPTConfig().query == 'linear'
+    assert GPTConfig(query='identity').scale == GPTConfig(query_identity=True).scale == 1 / 16
+
+
+def test_checkpoint_saved_with_query_identity_loads_with_identical_logits():
+    old = tiny(query_identity=True).eval()
+    args = {k: v for k, v in old.config.__dict__.items() if k not in ('query', 'query_rank', 'query_mix')}
+    ckpt = dict(model=old.state_dict(), model_args=args)  # what the first release wrote
+    new = GPT.from_checkpoint(ckpt, verbose=False).eval()
+    assert new.config.query == 'identity'
+    idx = torch.randint(0, 64, (2, 16))
+    assert torch.equal(old(idx, idx)[0], new(idx, idx)[0])
+    again = GPT.from_checkpoint(dict(model=new.state_dict(), model_args=new.config.__dict__), verbose=False)
+    assert again.config == new.config
+
+
+@pytest.mark.parametrize('kw', [dict(activation='relu'), dict(query='nonlinear'), dict(query='residual_gelu')])
+def test_new_modes_overfit_one_batch(kw):
+    test_tiny_model_overfits_one_batch(kw, 80)
+
+
+def test_relu_is_relu():
+    mlp = tiny(activation='relu').transformer.h[0].mlp
+    x = torch.randn(3, 32)
+    torch.testing.assert_close(mlp(x), mlp.c_proj(torch.clamp(mlp.c_fc(x), min=0)))
+
+
+@pytest.mark.parametrize('kw,message', [
+    (dict(query='bogus'), 'query must be one of'),
+    (dict(query='residual', query_identity=True), 'contradicts'),
+    (dict(query='nonlinear', key_identity=True), 'at most one of'),
+    (dict(query='nonlinear', query_rank=0), 'query_rank must be positive'),
+    (dict(query='nonlinear', query_mix=0.0), 'query_mix must be positive'),
+    (dict(activation='swish'), 'activation must be one of'),
+])
+def test_bad_query_configs_fail_clearly(kw, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**kw)

@@ -21,6 +21,10 @@ VARIANTS = {
     'gqa': dict(query_identity=True, n_kv_head=2),
     'mqa_baseline': dict(n_kv_head=1),
     'shared_no_norm': dict(query_identity=True, share_layers=True, norm=False),
+    'residual': dict(query='residual'),
+    'residual_gelu': dict(query='residual_gelu'),
+    'nonlinear': dict(query='nonlinear'),
+    'nonlinear_sum_gqa': dict(query='nonlinear', query_mix=1.0, n_kv_head=2),
 }
 
 

@@ -189,6 +189,11 @@ PAPER_CONFIGS = {  # config file: (total params, attention scale, weight decay)
     'reduced_mlp': (124_373_760, 1 / 16, 0.03125),
     'baseline_small_mlp': (117_295_872, 1 / 8, 0.1),
     'baseline_small': (117_915_816, 62 ** -0.5, 0.1),
+    'nonlinear': (124_392_192, 1 / 8, 0.1),
+    'residual': (124_373_760, 1 / 8, 0.1),
+    'residual_gelu': (124_373_760, 1 / 8, 0.1),
+    'key_identity': (117_295_872, 1 / 16, 0.03125),
+    'value_identity': (117_295_872, 1 / 8, 0.03125),
 }
 
 
@@ -199,6 +204,8 @@ def test_paper_configs(name):
     with torch.device('meta'):
         model = GPT(GPTConfig(**train.model_args_from(c, {'vocab_size': 50257})), verbose=False)
     assert model.get_num_params() == params and model.config.scale == pytest.approx(scale)
+    assert f'{params:,} parameters' in open(os.path.join(HERE, 'config', f'{name}.py')).read()  # its comment says so
+    assert c['keep_checkpoints'] == (50000, 100000, 105000)
     assert c['weight_decay'] == wd and c['batch_size'] * c['block_size'] * c['gradient_accumulation_steps'] == 491_520
     assert (c['learning_rate'], c['min_lr'], c['warmup_iters'], c['lr_decay_iters'], c['max_iters']) == (6e-4, 6e-5, 2000, 600_000, 105_002)
     assert c['dtype'] in (None, 'bfloat16') and c['eval_interval'] == 1000 and c['eval_iters'] == 200
@@ -262,3 +269,87 @@ def test_init_from_a_gpt2_folder(data_root, tmp_path):
     assert args['activation'] == 'gelu_tanh' and args['bias'] and args['vocab_size'] == 50257
     with pytest.raises(UserError, match="block_size 64 is longer than the model's 32"):
         run(data_root, tmp_path / 'run2', init_from=str(tmp_path / 'gpt2-tiny'), block_size=64)
+
+
+# -----------------------------------------------------------------------------
+# run management: kept checkpoints, one run per out_dir, ETA, timing, eval windows, diagnostics
+
+def test_keep_checkpoints_writes_exactly_the_steps_asked_for(data_root, tmp_path):
+    run(data_root, tmp_path, max_iters=6, eval_interval=3, keep_checkpoints=(2, 5, 99))
+    kept = sorted(p.name for p in tmp_path.glob('ckpt_*.pt'))
+    assert kept == ['ckpt_2.pt', 'ckpt_5.pt']
+    assert [load_checkpoint(str(tmp_path / k))['iter_num'] for k in kept] == [2, 5]
+    assert load_checkpoint(str(tmp_path / 'ckpt.pt'))['iter_num'] == 6
+
+
+def test_second_run_on_an_out_dir_fails_and_a_killed_run_resumes_at_once(data_root, tmp_path):
+    out = tmp_path / 'run'
+    first = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, out, max_iters=40, eval_interval=20)],
+                             cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / 'log.jsonl').exists():
+        time.sleep(0.1)
+    second = subprocess.run([sys.executable, 'train.py', *argv(data_root, out)], cwd=HERE, capture_output=True,
+                            text=True, timeout=120)
+    assert second.returncode == 2 and second.stderr.strip().splitlines() == [
+        f"error: {out} is in use by train.py (pid {first.pid} on {os.uname().nodename}): wait for that run, "
+        "stop it, or choose another --out_dir"]
+    assert first.wait(timeout=180) == 0
+    log = read_log(out)  # clean: each step and evaluation once, in order
+    assert [e['iter'] for e in log if 'loss' in e] == list(range(1, 41))
+    assert [e['iter'] for e in log if 'val_loss' in e] == [0, 20, 40]
+    killed = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, out, init_from='resume', max_iters=10 ** 5,
+                                                                 lr_decay_iters=1000, eval_interval=2)],
+                              cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while time.time() < deadline + 60 and 'saved' not in (killed.stdout.readline() or 'saved'):
+        pass
+    killed.kill()
+    killed.wait()
+    log = run(data_root, out, init_from='resume', max_iters=load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] + 1)
+    assert 'val_loss' in log[-1]
+
+
+def test_eta_is_logged_and_falls_and_warmup_steps_are_not_timed(data_root, tmp_path, capsys):
+    log = [e for e in run(data_root, tmp_path, max_iters=10, eval_interval=5) if 'loss' in e]
+    assert [e['dt_ms'] is None for e in log] == [True] * train.TIMING_WARMUP + [False] * (10 - train.TIMING_WARMUP)
+    etas = [e['eta_s'] for e in log[train.TIMING_WARMUP:]]
+    assert etas[0] > 0 and etas[-1] == 0 and etas[-1] < etas[len(etas) // 2] < etas[0] * 2
+    assert ' eta 0m00s' in capsys.readouterr().out
+    resumed = [e for e in run(data_root, tmp_path, init_from='resume', max_iters=14) if 'loss' in e and e['iter'] > 10]
+    assert [e['dt_ms'] is None for e in resumed] == [True, True, False, False]  # the restart warms up again
+
+
+def test_fresh_eval_windows_change_per_step_and_match_across_variants(data_root, tmp_path, monkeypatch):
+    seen = []
+    real = common.Dataset.batch
+    monkeypatch.setattr(common.Dataset, 'batch', lambda self, split, starts, *a: seen.append((split, starts.tolist())) or real(self, split, starts, *a))
+
+    def val_windows(**kw):
+        seen.clear()
+        run(data_root, tmp_path / str(len(os.listdir(tmp_path))), max_iters=4, eval_interval=2, **kw)
+        return [s for split, s in seen if split == 'val'][1:]  # the first is the diagnostics batch, drawn once
+    fixed, fresh = val_windows(), val_windows(eval_windows='fresh')
+    assert fixed[0] == fixed[2] == fixed[4] and fresh[0] != fresh[2] != fresh[4]
+    assert val_windows(eval_windows='fresh', query='nonlinear', seed=3) == fresh
+
+
+def test_diagnostics_off_logs_none_and_trains_the_same(data_root, tmp_path):
+    on = run(data_root, tmp_path / 'on', max_iters=10, eval_interval=5)
+    off = run(data_root, tmp_path / 'off', max_iters=10, eval_interval=5, diagnostics=False)
+    assert all('diagnostics' not in e for e in off)
+    evals = [e for e in on if 'val_loss' in e]
+    assert len(evals) == 3 and all(len(e['diagnostics']['entropy']) == TINY['n_layer'] for e in evals)
+    strip = lambda log: [{k: v for k, v in e.items() if k != 'diagnostics'} for e in losses(log)]
+    assert strip(on) == strip(off)
+    assert_same_state(final_state(tmp_path / 'on'), final_state(tmp_path / 'off'))
+
+
+def test_a_save_failure_on_rank_0_ends_both_ranks(data_root, tmp_path):
+    out = tmp_path / 'ddp'
+    (out / 'ckpt.pt.tmp').mkdir(parents=True)  # rank 0 cannot write the checkpoint's temporary file
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+                        *argv(data_root, out, max_iters=4, eval_interval=2, dropout=0.0)],
+                       cwd=HERE, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode != 0
+    assert f"error: cannot write {out}/ckpt.pt" in r.stderr and "error: rank 0 could not save" in r.stderr

@@ -41,7 +41,7 @@ DEFAULTS = dict(
     log_interval=10,
     eval_only=False,
     always_save_checkpoint=True,  # False: save only when val loss improves (nanoGPT's option)
-    keep_checkpoints=(),  # steps at which ckpt_<step>.pt is also kept (the paper configs: 50k, 100k, 105k)
+    keep_checkpoints=(50000, 100000, 105000),  # steps at which ckpt_<step>.pt is also kept (the authors')
     eval_windows='fixed',  # 'fixed': one set of eval windows for the whole run; 'fresh': new ones at every
     #                        evaluation (the authors' protocol), the same for every variant at the same step
     diagnostics=True,  # attention and weight diagnostics at every evaluation, into log.jsonl
