@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from common import UserError, device_peak_flops, open_dataset, parse_config, run_main, setup_device
+from common import (UserError, device_peak_flops, open_dataset, parse_config, read_jsonl, run_main, setup_device,
+                    write_json, write_text)
 from model import GPT, GPTConfig, KVCache
 
 DEFAULTS = dict(
@@ -40,6 +41,8 @@ DEFAULTS = dict(
     tokenizer='gpt2',  # prepare mode
     num_proc=2,  # prepare mode
     repeat=10,  # prepare mode: copies of pydocs in the corpus
+    json_out=None,  # train/sample modes: also append the results as JSON lines here; summary mode: the folder
+    run_dir=None,  # summary mode: a train.py run to summarise too
     seed=1337,
 )
 
@@ -155,8 +158,10 @@ def bench_train(c, dev):
         print(f"{r['variant']:<20}{r['params']:>12,}{r['ms_per_step']:>10.1f}{r['tokens_per_s']:>11,.0f}"
               f"{r['ms_per_step'] / ref['ms_per_step']:>10.3f}{r['flops_per_token'] / ref['flops_per_token']:>11.3f}"
               f"{r['achieved_tflops']:>9.3f}{100 * util:>8.1f}%{r['state_mb']:>10.1f}")
+    name = torch.cuda.get_device_name(device) if device_type == 'cuda' else 'cpu'
+    results = [dict(mode='train', device=name, dtype=dtype, compile=compile_, **r) for r in results]
     for r in results:
-        print('json: ' + json.dumps(dict(mode='train', device=torch.cuda.get_device_name(device) if peak else 'cpu', **r)))
+        print('json: ' + json.dumps(r))
     return results
 
 
@@ -186,6 +191,7 @@ def bench_sample(c, dev):
         diff = cache_logit_diff(model, out[True])
     n = c['max_new_tokens']
     result = dict(mode='sample', variant=name, params=model.get_num_params(), new_tokens=n, dtype=dev.dtype,
+                  device=torch.cuda.get_device_name(dev.device) if dev.type == 'cuda' else 'cpu', compile=dev.compile,
                   cached_tokens_per_s=n / times[True], uncached_tokens_per_s=n / times[False],
                   speedup=times[False] / times[True], same_tokens=bool(torch.equal(out[True], out[False])),
                   max_logit_diff=diff, cache_bytes=KVCache(model.config, 1, 'meta', model.cache_dtype(dev.device)).nbytes())
@@ -244,14 +250,65 @@ def bench_prepare(c):
     return result
 
 
+def bench_summary(c):
+    """results.json and results.md in the folder json_out from the JSON lines the other modes
+    appended there (bench_train.jsonl, bench_sample.jsonl) and the train.py run in run_dir."""
+    folder = c['json_out']
+    if not folder or not os.path.isdir(folder):
+        raise UserError("summary mode needs --json_out=FOLDER holding the JSON lines of the other modes")
+    read = lambda name: read_jsonl(os.path.join(folder, name)) if os.path.exists(os.path.join(folder, name)) else []
+    summary = dict(date=time.strftime('%Y-%m-%d'), train=read('bench_train.jsonl'), sample=read('bench_sample.jsonl'))
+    if c['run_dir']:
+        log = read_jsonl(os.path.join(c['run_dir'], 'log.jsonl'))
+        timed = [e for e in log if e.get('dt_ms')]
+        summary['run'] = dict(steps=max(e['iter'] for e in log), final_val_loss=[e for e in log if 'val_loss' in e][-1]['val_loss'],
+                              median_ms_per_step=statistics.median(e['dt_ms'] for e in timed) if timed else None,
+                              median_mfu=statistics.median(e['mfu'] for e in timed) if timed and timed[0]['mfu'] else None)
+    write_json(os.path.join(folder, 'results.json'), summary)
+    write_text(os.path.join(folder, 'results.md'), summary_markdown(summary))
+    print(summary_markdown(summary))
+    return summary
+
+
+def summary_markdown(s):
+    rows = [f"GPU check, {s['date']}", '', '| variant | device | dtype | compile | ms/step | tokens/s | MFU | step time vs baseline '
+            '| FLOP ratio | peak MB |', '|---|---|---|---|---|---|---|---|---|---|']
+    base = s['train'][0] if s['train'] else None
+    for r in s['train']:
+        mfu = f"{100 * r['mfu']:.1f}%" if r['mfu'] is not None else '-'
+        peak = f"{r['step_peak_mb']:,.0f}" if r['step_peak_mb'] else '-'
+        rows.append(f"| {r['variant']} | {r['device']} | {r['dtype']} | {r['compile']} | {r['ms_per_step']:.1f} | "
+                    f"{r['tokens_per_s']:,.0f} | {mfu} | {r['ms_per_step'] / base['ms_per_step']:.3f} | "
+                    f"{r['flops_per_token'] / base['flops_per_token']:.3f} | {peak} |")
+    for r in s['sample']:
+        rows += ['', f"KV-cache decoding ({r['variant']}, {r['dtype']}, compile={r['compile']}): {r['cached_tokens_per_s']:.1f} "
+                 f"tokens/s against {r['uncached_tokens_per_s']:.1f} recomputing, {r['speedup']:.1f}x; max |logit "
+                 f"difference| {r['max_logit_diff']:.2e}, identical greedy tokens: {r['same_tokens']}"]
+    if 'run' in s:
+        r = s['run']
+        rows += ['', f"torchrun training: {r['steps']} steps with a resume, final val loss {r['final_val_loss']:.4f}, "
+                 f"median {r['median_ms_per_step']} ms/step, median MFU {r['median_mfu']}"]
+    return '\n'.join(rows) + '\n'
+
+
+def write_results(c, results):
+    if c['json_out']:
+        with open(c['json_out'], 'a') as f:
+            for r in results if isinstance(results, list) else [results]:
+                f.write(json.dumps(r) + '\n')
+    return results
+
+
 def main(argv=None):
     c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     if c['mode'] == 'prepare':
         return bench_prepare(c)
+    if c['mode'] == 'summary':
+        return bench_summary(c)
     if c['mode'] not in ('train', 'sample'):
-        raise UserError(f"mode must be train, sample or prepare, got {c['mode']!r}")
+        raise UserError(f"mode must be train, sample, prepare or summary, got {c['mode']!r}")
     dev = setup_device(c['device'], c['dtype'], c['compile'])
-    return (bench_train if c['mode'] == 'train' else bench_sample)(c, dev)
+    return write_results(c, (bench_train if c['mode'] == 'train' else bench_sample)(c, dev))
 
 
 if __name__ == '__main__':

@@ -1,0 +1,157 @@
+"""
+Export a kvgpt checkpoint to the Hugging Face transformers GPT-2 format (config.json,
+model.safetensors, and GPT-2's tokenizer files), for transformers pipelines, evaluation
+harnesses, inference servers and llama.cpp converters:
+
+    python export.py --in_dir=out-reduced --out_dir=hf-reduced
+
+Every model GPT-2's format can hold is exactly a GPT-2: W_Q = I is written out as an identity
+matrix (so an exported reduced model gives up its 7M-parameter saving at inference), a softmax
+scale other than 1/sqrt(hd) is folded into the query weights (s q.k = (1/sqrt(hd)) (s sqrt(hd) q).k),
+missing biases are zeros, the wider MLP is GPT-2's n_inner and untied heads set
+tie_word_embeddings=False. The export is checked against kvgpt's logits before it is moved
+into place. What GPT-2 cannot express is refused with the reason; the checkpoint is only read.
+"""
+import os
+import shutil
+import sys
+
+import torch
+
+from common import UserError, load_checkpoint, parse_config, print_config, run_main
+from model import GPT
+
+DEFAULTS = dict(
+    in_dir='out',  # the run to export (in_dir/ckpt.pt)
+    out_dir=None,  # the Hugging Face folder; None: in_dir + '-hf'
+    check_tokens=256,  # random tokens on which the export's logits are compared with kvgpt's
+    seed=1337,
+)
+HF_ACTIVATION = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}
+GPT2_BPE = 'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/'  # tiktoken's cache key
+
+
+def refusal(cfg, tokenizer):
+    """None when GPT-2's format holds this model exactly, else the reason it does not."""
+    if cfg.query not in ('linear', 'identity'):
+        return f"its query is '{cfg.query}', not a matrix: GPT-2's attention has a linear query only"
+    if cfg.n_kv_head != cfg.n_head:
+        return f"it uses grouped-query attention ({cfg.n_kv_head} K/V heads for {cfg.n_head}); GPT-2 has one per head"
+    if not cfg.norm or not cfg.mlp_residual:
+        return "it uses the paper's theoretical block (no LayerNorm or no MLP skip); GPT-2's block has both"
+    if cfg.share_layers:
+        return "its layers share one block's weights; GPT-2 stores every layer's own"
+    if tokenizer != 'gpt2':
+        return f"its tokenizer is '{tokenizer}', which has no GPT-2 tokenizer to ship with it (train on --tokenizer=gpt2 data)"
+    return None
+
+
+def hf_state_dict(model):
+    """kvgpt's weights in GPT2LMHeadModel's names and Conv1D (in, out) layout."""
+    cfg, C = model.config, model.config.n_embd
+    q_fold = cfg.scale * cfg.head_dim ** 0.5  # 1 for the standard scale, 1/2 for the paper's halved one
+    sd, out = model.state_dict(), {}
+    eye = torch.eye(C)
+    for i in range(cfg.n_layer):
+        p = f'transformer.h.{i}.'
+        attn = model.transformer.h[i].attn
+        parts = list(sd[p + 'attn.c_attn.weight'].split([attn.q_dim, attn.k_dim, attn.v_dim]))
+        biases = list(sd[p + 'attn.c_attn.bias'].split([attn.q_dim, attn.k_dim, attn.v_dim])) if cfg.bias else [None] * 3
+        for j in range(3):
+            if parts[j].numel() == 0:  # the identity weight, written out; its bias is zero
+                parts[j], biases[j] = eye.clone(), None
+            biases[j] = torch.zeros(C) if biases[j] is None else biases[j]
+        parts[0], biases[0] = parts[0] * q_fold, biases[0] * q_fold
+        out[p + 'attn.c_attn.weight'] = torch.cat(parts).T
+        out[p + 'attn.c_attn.bias'] = torch.cat(biases)
+        for name in ('attn.c_proj', 'mlp.c_fc', 'mlp.c_proj'):
+            w = sd[p + name + '.weight']
+            out[p + name + '.weight'] = w.T
+            out[p + name + '.bias'] = sd.get(p + name + '.bias', torch.zeros(w.size(0)))
+        for name in ('ln_1', 'ln_2'):
+            out[p + name + '.weight'] = sd[p + name + '.weight']
+            out[p + name + '.bias'] = sd.get(p + name + '.bias', torch.zeros(C))
+    for name in ('transformer.wte.weight', 'transformer.wpe.weight', 'lm_head.weight', 'transformer.ln_f.weight'):
+        out[name] = sd[name]
+    out['transformer.ln_f.bias'] = sd.get('transformer.ln_f.bias', torch.zeros(C))
+    return {k: v.contiguous().float() for k, v in out.items()}
+
+
+def hf_model(model):
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("the export needs transformers: `pip install transformers safetensors`") from None
+    cfg = model.config
+    config = transformers.GPT2Config(
+        vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        n_head=cfg.n_head, n_inner=cfg.mlp_hidden, activation_function=HF_ACTIVATION[cfg.activation],
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+        tie_word_embeddings=cfg.tie_weights, bos_token_id=50256, eos_token_id=50256)
+    hf = transformers.GPT2LMHeadModel(config)
+    missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
+    if unexpected or [k for k in missing if not k.endswith(('.attn.bias', '.attn.masked_bias'))]:
+        raise UserError(f"internal: the GPT-2 layout did not match (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return hf.eval()
+
+
+def write_tokenizer(folder, block_size):
+    """GPT-2's own BPE files, the bytes tiktoken caches (encoder.json is vocab.json, vocab.bpe is
+    merges.txt): no download when TIKTOKEN_CACHE_DIR holds them."""
+    import json
+    from tiktoken.load import read_file_cached
+    try:
+        files = {'vocab.json': read_file_cached(GPT2_BPE + 'encoder.json'),
+                 'merges.txt': read_file_cached(GPT2_BPE + 'vocab.bpe')}
+    except Exception as e:
+        raise UserError(f"cannot read GPT-2's BPE files ({type(e).__name__}): set TIKTOKEN_CACHE_DIR to tiktoken's "
+                        "cache, or connect once") from None
+    for name, data in files.items():
+        with open(os.path.join(folder, name), 'wb') as f:
+            f.write(data)
+    with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as f:
+        json.dump(dict(tokenizer_class='GPT2Tokenizer', model_max_length=block_size, bos_token='<|endoftext|>',
+                       eos_token='<|endoftext|>', unk_token='<|endoftext|>', add_prefix_space=False), f, indent=2)
+
+
+@torch.no_grad()
+def max_logit_diff(model, hf, c):
+    g = torch.Generator().manual_seed(c['seed'])
+    T = min(c['check_tokens'], model.config.block_size)
+    idx = torch.randint(model.config.vocab_size, (2, T), generator=g)
+    ours, _ = model(idx, targets=torch.zeros_like(idx))
+    return (ours - hf(idx).logits).abs().max().item()
+
+
+def export(c):
+    ckpt = load_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'))
+    model = GPT.from_checkpoint(ckpt, verbose=False).float().eval()
+    tokenizer = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')  # nanoGPT checkpoints: GPT-2 BPE
+    reason = refusal(model.config, tokenizer)
+    if reason:
+        raise UserError(f"cannot export {c['in_dir']} to GPT-2's format: {reason}")
+    hf = hf_model(model)
+    diff = max_logit_diff(model, hf, c)
+    if diff > 1e-4:
+        raise UserError(f"internal: the exported model's logits differ from kvgpt's by {diff:.3g}; nothing was written")
+    out_dir = c['out_dir'] or c['in_dir'].rstrip('/') + '-hf'
+    tmp = out_dir.rstrip('/') + '.tmp'
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf.save_pretrained(tmp, safe_serialization=True)
+    write_tokenizer(tmp, model.config.block_size)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)  # complete before it appears under its name
+    identity = ', W_Q = I written out' if model.config.query == 'identity' else ''
+    print(f"wrote {out_dir}: GPT2LMHeadModel, {sum(p.numel() for p in hf.parameters()):,} parameters{identity}; "
+          f"max |logit difference| against kvgpt {diff:.2e}")
+    return dict(out_dir=out_dir, max_logit_diff=diff)
+
+
+def main(argv=None):
+    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    print_config(c)
+    return export(c)
+
+
+if __name__ == '__main__':
+    run_main(main)

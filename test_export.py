@@ -1,0 +1,89 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import export
+import prepare
+import train
+from common import UserError, get_tokenizer, load_checkpoint
+from model import GPT
+
+transformers = pytest.importorskip('transformers', reason='transformers is the optional Hugging Face export dependency')
+HERE = os.path.dirname(os.path.abspath(__file__))
+VARIANTS = {
+    'baseline': [],
+    'reduced': ['--query_identity=True', '--weight_decay=0.03125'],  # the halved scale is folded into W_Q
+    'reduced_mlp': ['--query_identity=True', '--mlp_hidden=144', '--tie_weights=False'],
+    'key_identity_bias': ['--key_identity=True', '--bias=True', '--activation=relu'],
+}
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    """Tiny models trained a few steps on GPT-2 tokens."""
+    root = tmp_path_factory.mktemp('export')
+    docs = root / 'docs.jsonl'
+    with open(docs, 'w') as f:
+        for d in prepare.pydocs_documents()[:30]:
+            f.write(json.dumps({'text': d}) + '\n')
+    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='gpt2', data_root=str(root), num_proc=1,
+                         out_name='d'))
+    out = {}
+    for name, extra in VARIANTS.items():
+        out[name] = str(root / name)
+        train.main([f'--data_root={root}', '--dataset=d', f'--out_dir={out[name]}', '--n_layer=2', '--n_head=2',
+                    '--n_embd=32', '--block_size=32', '--batch_size=4', '--gradient_accumulation_steps=1',
+                    '--max_iters=4', '--eval_interval=4', '--eval_iters=1', '--device=cpu', '--compile=False',
+                    '--dtype=float32', '--learning_rate=1e-2', *extra])
+    return out
+
+
+@pytest.mark.parametrize('name', VARIANTS)
+def test_export_round_trips_exactly(runs, tmp_path, name):
+    before = open(os.path.join(runs[name], 'ckpt.pt'), 'rb').read()
+    res = export.export(dict(export.DEFAULTS, in_dir=runs[name], out_dir=str(tmp_path / 'hf')))
+    assert open(os.path.join(runs[name], 'ckpt.pt'), 'rb').read() == before  # the checkpoint is only read
+    assert sorted(os.listdir(tmp_path)) == ['hf']  # no temporary folder left behind
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / 'hf').eval()
+    ours = GPT.from_checkpoint(load_checkpoint(os.path.join(runs[name], 'ckpt.pt')), verbose=False).eval()
+    idx = torch.randint(50257, (3, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (ours(idx, targets=idx)[0] - hf(idx).logits).abs().max().item()
+    assert diff < 1e-5 and res['max_logit_diff'] < 1e-5
+    prompt = idx[:1, :5]
+    greedy = hf.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=50256)
+    assert torch.equal(greedy, ours.generate(prompt, 20, temperature=0.0))
+    if name == 'reduced':  # W_Q = I written out, scaled by the folded 1/2
+        q = hf.transformer.h[0].attn.c_attn.weight[:, :32]
+        torch.testing.assert_close(q, torch.eye(32) / 2)
+
+
+def test_exported_tokenizer_is_gpt2s(runs, tmp_path):
+    export.export(dict(export.DEFAULTS, in_dir=runs['baseline'], out_dir=str(tmp_path / 'hf')))
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / 'hf')
+    text = "def encode(self, text):\n    return ids  # naïve café"
+    assert tok.encode(text) == get_tokenizer('gpt2').encode(text)
+    assert tok.eos_token_id == 50256
+
+
+def test_models_gpt2_cannot_hold_are_refused_in_one_line(runs, tmp_path):
+    ckpt = load_checkpoint(os.path.join(runs['baseline'], 'ckpt.pt'))
+    nonlinear = GPT(GPT.from_checkpoint(ckpt, verbose=False).config.__class__(
+        n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=50304, query='nonlinear'), verbose=False)
+    os.makedirs(tmp_path / 'nl')
+    torch.save(dict(model=nonlinear.state_dict(), model_args=nonlinear.config.__dict__, meta=ckpt['meta']),
+               tmp_path / 'nl' / 'ckpt.pt')
+    r = subprocess.run([sys.executable, 'export.py', f'--in_dir={tmp_path / "nl"}', f'--out_dir={tmp_path / "x"}'],
+                       cwd=HERE, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: cannot export {tmp_path / 'nl'} to GPT-2's format: its query is 'nonlinear', not a matrix: "
+        "GPT-2's attention has a linear query only"]
+    assert not (tmp_path / 'x').exists()
+    for kw, words in [(dict(n_kv_head=1), 'grouped-query'), (dict(norm=False), 'theoretical block'),
+                      (dict(share_layers=True), 'share one block')]:
+        assert words in export.refusal(nonlinear.config.__class__(n_head=2, n_embd=32, **kw), 'gpt2')
+    assert 'no GPT-2 tokenizer' in export.refusal(nonlinear.config.__class__(), 'byte')
