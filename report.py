@@ -1,12 +1,20 @@
 """
-Compare finished runs: a PNG of train and val loss against tokens seen, and a markdown
-table (parameters, final and best val loss, difference against the first run, tokens/s).
+Compare finished runs: loss curves, a table, and, for runs repeated over paired seeds, the
+paired gap against the first variant with the verdict of the decision rule stated below.
 
     python report.py out-small/baseline out-small/reduced --png=loss.png --md=table.md
+    python report.py out-repro/baseline_wd0.1_s{1,2,3} out-repro/reduced_wd0.03125_s{1,2,3} \
+        --md=repro.md --gap_png=gap.png --diag_png=diag.png
+    python report.py out-repro/*_s1 --sweep=True --md=sweep.md --png=sweep.png
 
-The first run is the reference. matplotlib is needed for the PNG only.
+The first run (the first variant) is the reference. Runs whose names differ only by a final
+`_s<seed>` are one variant over seeds, paired by seed (seed = data_seed: the same batches).
+Decision rule, fixed before the results: the variant "matches" the reference if the 95%
+interval (Student t) of the mean paired gap contains 0 and lies within +-1%; it is "worse" or
+"better" if the interval excludes 0; otherwise "could not tell". matplotlib is needed for plots.
 """
 import os
+import re
 import statistics
 import sys
 
@@ -16,11 +24,18 @@ from common import UserError, atomic_write, load_checkpoint, parse_config, read_
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
-    png=None,  # where to write the plot; None: no plot
-    md=None,  # where to write the markdown table; it is printed either way
+    png=None,  # loss curves (with sweep=True: final val loss against weight decay); None: no plot
+    md=None,  # where to write the markdown tables; they are printed either way
+    gap_png=None,  # the paired relative gap of each variant to the first, against tokens
+    diag_png=None,  # the diagnostics of every run (attention logit std, entropy, q/k RMS, weight norms)
+    sweep=False,  # runs named <arm>_wd<lambda>_s<seed>: final val loss per arm and weight decay
     smooth=0.9,  # exponential smoothing of the per-step train loss in the plot
     best=False,  # only print the run directory with the lowest final val loss
 )
+QUERY_LABEL = dict(linear='full attention', identity='W_Q=I', residual='q=x+xW_Q', residual_gelu='q=x+GELU(xW_Q)',
+                   nonlinear='nonlinear q')
+BANDS = [(0.0, 'equal'), (0.1, '+-0.1%'), (-0.1, None), (-0.35, '-0.35% (the follow-up)')]  # the authors' references
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 def read_run(out_dir):
@@ -30,37 +45,139 @@ def read_run(out_dir):
     log = read_jsonl(log_path)
     config = read_json(os.path.join(out_dir, 'config.json'), 'config.json')
     evals = [e for e in log if 'val_loss' in e]
-    steps = [e for e in log if 'loss' in e]
     if not evals:
         raise UserError(f"{out_dir} has no evaluation yet: nothing to compare")
     model_args = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), mmap=True)['model_args']
     with torch.device('meta'):
         model = GPT(GPTConfig.from_dict(model_args), verbose=False)
-    return dict(name=os.path.basename(os.path.normpath(out_dir)), config=config, evals=evals, steps=steps,
-                params=model.get_num_params(), describe=describe(model.config, config))
+    name = os.path.basename(os.path.normpath(out_dir))
+    return dict(name=name, arm=re.sub(r'_s\d+$', '', name), config=config, evals=evals,
+                steps=[e for e in log if 'loss' in e], params=model.get_num_params(),
+                describe=describe(model.config, config))
 
 
 def describe(cfg, config):
-    parts = [f"{'W_Q=I' if cfg.query_identity else 'W_K=I' if cfg.key_identity else 'W_V=I' if cfg.value_identity else 'full attention'}"]
-    parts.append(f"d={cfg.n_embd}, mlp={cfg.mlp_hidden}, wd={config['weight_decay']:g}")
-    return ', '.join(parts)
+    kind = 'W_K=I' if cfg.key_identity else 'W_V=I' if cfg.value_identity else QUERY_LABEL[cfg.query]
+    return f"{kind}, d={cfg.n_embd}, mlp={cfg.mlp_hidden}, wd={config['weight_decay']:g}"
 
 
 def fmt_params(n):
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
 
 
+def final(run):
+    return run['evals'][-1]['val_loss']
+
+
 def table(runs):
-    ref = runs[0]['evals'][-1]['val_loss']
+    ref = final(runs[0])
     rows = ["| run | variant | params | tokens | final val loss | best val loss | vs first | tokens/s (median) |",
             "|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        final, best = r['evals'][-1]['val_loss'], min(e['val_loss'] for e in r['evals'])
         speeds = [e['tokens_per_s'] for e in r['steps'] if e.get('tokens_per_s')]
         speed = f"{statistics.median(speeds):,.0f}" if speeds else "-"
         rows.append(f"| {r['name']} | {r['describe']} | {fmt_params(r['params'])} | {r['evals'][-1]['tokens']:,} | "
-                    f"{final:.4f} | {best:.4f} | {100 * (final - ref) / ref:+.2f}% | {speed} |")
+                    f"{final(r):.4f} | {min(e['val_loss'] for e in r['evals']):.4f} | "
+                    f"{100 * (final(r) - ref) / ref:+.2f}% | {speed} |")
     return '\n'.join(rows) + '\n'
+
+
+# -----------------------------------------------------------------------------
+# variants over paired seeds
+
+def group_runs(runs):
+    """{arm: [runs]} in the order the arms first appear."""
+    groups = {}
+    for r in runs:
+        groups.setdefault(r['arm'], []).append(r)
+    return groups
+
+
+def paired_gaps(ref_runs, runs, at=None):
+    """{seed: 100 (L - L_ref) / L_ref} for the seeds both have, at eval step `at` (None: the last)."""
+    def loss(r):
+        return final(r) if at is None else next((e['val_loss'] for e in r['evals'] if e['iter'] == at), None)
+    ref = {r['config']['seed']: loss(r) for r in ref_runs}
+    gaps = {}
+    for r in runs:
+        seed, value = r['config']['seed'], loss(r)
+        if ref.get(seed) is not None and value is not None:
+            gaps[seed] = 100 * (value - ref[seed]) / ref[seed]
+    return gaps
+
+
+def mean_sd(values):
+    values = list(values)
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else float('nan'))
+
+
+def verdict(gaps):
+    """(mean, sd, half-width of the 95% interval, verdict) of the paired gaps, by the rule above."""
+    mean, sd = mean_sd(gaps)
+    if len(gaps) < 2:
+        return mean, sd, float('nan'), 'could not tell (one seed)'
+    half = T95.get(len(gaps) - 1, 1.96) * sd / len(gaps) ** 0.5
+    lo, hi = mean - half, mean + half
+    if lo > 0 or hi < 0:
+        return mean, sd, half, 'worse' if lo > 0 else 'better'
+    return mean, sd, half, 'matches' if -1 <= lo and hi <= 1 else 'could not tell'
+
+
+def aggregate_table(groups):
+    ref_name, ref_runs = next(iter(groups.items()))
+    rows = [f"| variant | weight decay | seeds | final val loss (mean +- sd) | paired gap to {ref_name} (mean +- sd) "
+            "| 95% interval | verdict |", "|---|---|---|---|---|---|---|"]
+    for name, runs in groups.items():
+        mean, sd = mean_sd(final(r) for r in runs)
+        wd = ', '.join(sorted({f"{r['config']['weight_decay']:g}" for r in runs}))
+        if runs is ref_runs:
+            rows.append(f"| {name} | {wd} | {len(runs)} | {mean:.4f} +- {sd:.4f} | (reference) | | |")
+            continue
+        gaps = list(paired_gaps(ref_runs, runs).values())
+        g_mean, g_sd, half, word = verdict(gaps)
+        rows.append(f"| {name} | {wd} | {len(runs)} | {mean:.4f} +- {sd:.4f} | {g_mean:+.2f}% +- {g_sd:.2f}% | "
+                    f"[{g_mean - half:+.2f}%, {g_mean + half:+.2f}%] | {word} |")
+    return '\n'.join(rows) + '\n'
+
+
+def sweep_table(runs):
+    """Final val loss of each arm at each weight decay, one seed; the gap to the first arm at the
+    same weight decay (matched lambda) beside it."""
+    cells = {(r['arm'].split('_wd')[0], r['config']['weight_decay']): r for r in runs}
+    arms = list(dict.fromkeys(a for a, _ in cells))
+    rows = ["| weight decay | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|"]
+    for wd in sorted({w for _, w in cells}):
+        ref = cells.get((arms[0], wd))
+        row = [f"{wd:g}"]
+        for arm in arms:
+            r = cells.get((arm, wd))
+            gap = f" ({100 * (final(r) - final(ref)) / final(ref):+.2f}%)" if r and ref and arm != arms[0] else ""
+            row.append(f"{final(r):.4f}{gap}" if r else "-")
+        rows.append("| " + " | ".join(row) + " |")
+    best = {arm: min((r for (a, _), r in cells.items() if a == arm), key=final) for arm in arms}
+    rows.append("| best | " + " | ".join(f"{best[a]['config']['weight_decay']:g}" for a in arms) + " |")
+    return '\n'.join(rows) + '\n'
+
+
+# -----------------------------------------------------------------------------
+# plots
+
+def pyplot():
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("plots need matplotlib: `pip install matplotlib`, or leave out the png options") from None
+    return plt
+
+
+def save_figure(fig, path):
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format='png'))
+    pyplot().close(fig)
+    print(f"wrote {path}")
 
 
 def smoothed(values, beta):
@@ -72,30 +189,87 @@ def smoothed(values, beta):
 
 
 def plot(runs, path, beta):
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("the plot needs matplotlib: `pip install matplotlib`, or leave out --png") from None
-    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (ax_train, ax_val) = pyplot().subplots(1, 2, figsize=(13, 4.8))
     for r in runs:
         label = f"{r['name']} ({fmt_params(r['params'])})"
         if r['steps']:
             ax_train.plot([e['tokens'] for e in r['steps']], smoothed([e['loss'] for e in r['steps']], beta), label=label)
         ax_val.plot([e['tokens'] for e in r['evals']], [e['val_loss'] for e in r['evals']], marker='o', ms=3, label=label)
-    for ax, title in ((ax_train, f'train loss (per step, smoothed {beta})'), (ax_val, 'val loss (fixed eval batches)')):
-        ax.set_xlabel('tokens seen')
-        ax.set_ylabel('loss')
-        ax.set_title(title)
+    for ax, title in ((ax_train, f'train loss (per step, smoothed {beta})'), (ax_val, 'val loss')):
+        ax.set(xlabel='tokens seen', ylabel='loss', title=title)
         ax.grid(alpha=0.3)
     # the interesting part is the end: zoom the val panel on the last two thirds
     tail = [e['val_loss'] for r in runs for e in r['evals'][len(r['evals']) // 3:]]
     ax_val.set_ylim(min(tail) - 0.02, max(tail) + 0.02)
     ax_val.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format='png'))
-    plt.close(fig)
+    save_figure(fig, path)
+
+
+def plot_gaps(groups, path):
+    """Mean paired gap +- sd against tokens, with the authors' reference bands."""
+    fig, ax = pyplot().subplots(figsize=(8, 4.8))
+    ref_name, ref_runs = next(iter(groups.items()))
+    for name, runs in list(groups.items())[1:]:
+        iters = [e['iter'] for e in runs[0]['evals'] if e['iter'] > 0]
+        points = [(it, mean_sd(paired_gaps(ref_runs, runs, at=it).values())) for it in iters
+                  if paired_gaps(ref_runs, runs, at=it)]
+        tokens = [it * runs[0]['evals'][-1]['tokens'] / runs[0]['evals'][-1]['iter'] for it, _ in points]
+        means = [m for _, (m, _) in points]
+        sds = [0.0 if s != s else s for _, (_, s) in points]
+        line, = ax.plot(tokens, means, marker='o', ms=3, label=f"{name} ({len(runs)} seeds)")
+        ax.fill_between(tokens, [m - s for m, s in zip(means, sds)], [m + s for m, s in zip(means, sds)],
+                        color=line.get_color(), alpha=0.2)
+    for y, label in BANDS:
+        ax.axhline(y, color='grey', lw=0.8, ls='-' if y == 0 else ':', label=label)
+    ax.set(xlabel='tokens seen', ylabel=f'val loss gap to {ref_name} (%)',
+           title='paired relative gap, mean +- sd over seeds')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def plot_sweep(runs, path):
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
+    for arm, members in group_runs([dict(r, arm=r['arm'].split('_wd')[0]) for r in runs]).items():
+        members = sorted(members, key=lambda r: r['config']['weight_decay'])
+        ax.plot([r['config']['weight_decay'] for r in members], [final(r) for r in members], marker='o', label=arm)
+    ax.set(xscale='log', xlabel='weight decay', ylabel='final val loss', title='each arm at matched weight decay')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+DIAG_PANELS = [('logit_std', 'attention logit std (after scale)'), ('entropy_norm', 'attention entropy / ln t'),
+               ('q_rms', 'RMS of q'), ('k_rms', 'RMS of k')]
+NORM_GROUPS = ['attn_in', 'attn_out', 'mlp_in', 'mlp_out', 'embeddings']
+
+
+def plot_diagnostics(runs, path):
+    """Small multiples: per-layer attention statistics (one line per layer, darker = deeper) and
+    the Frobenius norm of each weight group, against tokens."""
+    runs = [r for r in runs if any('diagnostics' in e for e in r['evals'])]
+    if not runs:
+        raise UserError("no diagnostics in these runs' logs (trained with diagnostics=False?)")
+    plt = pyplot()
+    fig, axes = plt.subplots(3, 3, figsize=(14, 10))
+    colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+    for i, r in enumerate(runs):
+        evals = [e for e in r['evals'] if 'diagnostics' in e]
+        tokens = [e['tokens'] for e in evals]
+        n_layer = len(evals[0]['diagnostics']['entropy'])
+        for ax, (key, _) in zip(axes.flat, DIAG_PANELS):
+            for layer in range(n_layer):
+                ax.plot(tokens, [e['diagnostics'][key][layer] for e in evals], color=colors[i % len(colors)],
+                        alpha=0.35 + 0.65 * (layer + 1) / n_layer, label=r['name'] if layer == n_layer - 1 else None)
+        for ax, group in zip(axes.flat[len(DIAG_PANELS):], NORM_GROUPS):
+            ax.plot(tokens, [e['diagnostics']['weight_norm'][group] for e in evals], color=colors[i % len(colors)],
+                    label=r['name'])
+    titles = [t for _, t in DIAG_PANELS] + [f'|W| {g}' for g in NORM_GROUPS]
+    for ax, title in zip(axes.flat, titles):
+        ax.set(xlabel='tokens seen', title=title)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=7)
+    save_figure(fig, path)
 
 
 def main(argv=None):
@@ -106,18 +280,23 @@ def main(argv=None):
         raise UserError("give one or more run directories: python report.py out-a out-b [--png=x.png] [--md=x.md]")
     runs = [read_run(d) for d in dirs]
     if c['best']:
-        best = min(zip(runs, dirs), key=lambda rd: rd[0]['evals'][-1]['val_loss'])[1]
+        best = min(zip(runs, dirs), key=lambda rd: final(rd[0]))[1]
         print(os.path.normpath(best))
         return best
-    md = table(runs)
+    groups = group_runs(runs)
+    md = sweep_table(runs) if c['sweep'] else table(runs)
+    if not c['sweep'] and any(len(g) > 1 for g in groups.values()):
+        md += '\n' + aggregate_table(groups)
     print(md, end='')
     if c['md']:
         os.makedirs(os.path.dirname(c['md']) or '.', exist_ok=True)
         write_text(c['md'], md)
     if c['png']:
-        os.makedirs(os.path.dirname(c['png']) or '.', exist_ok=True)
-        plot(runs, c['png'], c['smooth'])
-        print(f"wrote {c['png']}")
+        plot_sweep(runs, c['png']) if c['sweep'] else plot(runs, c['png'], c['smooth'])
+    if c['gap_png']:
+        plot_gaps(groups, c['gap_png'])
+    if c['diag_png']:
+        plot_diagnostics(runs, c['diag_png'])
     return runs
 
 
