@@ -394,7 +394,7 @@ class GPT(nn.Module):
                 continue
             group = ('attn_out' if 'attn.c_proj' in name else 'attn_in' if '.attn.' in name else
                      'mlp_in' if 'mlp.c_fc' in name else 'mlp_out' if 'mlp.c_proj' in name else 'embeddings')
-            groups[group] += p.detach().float().pow(2).sum().item()
+            groups[group] += p.detach().double().pow(2).sum().item()
         return {k: math.sqrt(v) for k, v in groups.items()}
 
     @torch.no_grad()

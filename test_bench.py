@@ -49,6 +49,7 @@ def test_bench_rejects_unknown_variant_and_mode():
 
 
 def test_report_table_and_plot(data_root, tmp_path):
+    pytest.importorskip('matplotlib', reason='matplotlib draws the report plots (pip install -r requirements-dev.txt)')
     common = ['--dataset=tiny', f'--data_root={data_root}', '--n_layer=1', '--n_head=2', '--n_embd=32',
               '--block_size=32', '--batch_size=4', '--gradient_accumulation_steps=1', '--max_iters=6',
               '--eval_interval=3', '--eval_iters=1', '--log_interval=2', '--device=cpu', '--compile=False']
@@ -72,3 +73,78 @@ def test_report_errors_are_clear(tmp_path):
         report.main([str(tmp_path)])
     r = subprocess.run([sys.executable, 'report.py'], cwd=HERE, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith('error: give one or more run directories')
+
+
+# -----------------------------------------------------------------------------
+# report.py over paired seeds, the weight-decay sweep and the diagnostics figure, on tiny logs
+
+def fake_run(root, name, val_losses, seed, wd=0.1, diagnostics=False, **model):
+    """A run directory as train.py writes it, with evaluations every 10 steps of 100 tokens."""
+    import torch
+    from model import GPT, GPTConfig
+    out = root / name
+    out.mkdir(parents=True)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32, **model)
+    torch.save(dict(model={}, model_args=cfg.__dict__), out / 'ckpt.pt')
+    (out / 'config.json').write_text(json.dumps(dict(seed=seed, data_seed=seed, weight_decay=wd)))
+    with open(out / 'log.jsonl', 'w') as f:
+        for i, v in enumerate(val_losses):
+            entry = dict(iter=10 * i, tokens=1000 * i, train_loss=v + 0.01, val_loss=v)
+            if diagnostics:
+                entry['diagnostics'] = dict(logit_std=[0.1 * i, 0.2 * i], entropy=[1.0, 0.9], entropy_norm=[0.9, 0.8],
+                                            q_rms=[1.0, 1.1], k_rms=[0.5, 0.6], weight_norm=dict(
+                                                attn_in=1.0, attn_out=0.5, mlp_in=2.0, mlp_out=1.0, embeddings=3.0))
+            f.write(json.dumps(entry) + '\n')
+            if i:
+                f.write(json.dumps(dict(iter=10 * i, tokens=1000 * i, loss=v, lr=1e-3, tokens_per_s=5.0)) + '\n')
+    return str(out)
+
+
+def test_report_aggregates_paired_seeds_and_states_the_verdict(tmp_path):
+    pytest.importorskip('matplotlib', reason='matplotlib draws the report plots (pip install -r requirements-dev.txt)')
+    base = [[3.0, 2.5, 2.0], [3.0, 2.6, 2.1], [3.0, 2.4, 1.9]]
+    red = [[3.0, 2.6, 2.02], [3.0, 2.6, 2.12], [3.0, 2.4, 1.9]]
+    dirs = [fake_run(tmp_path, f'base_s{s + 1}', base[s], s + 1) for s in range(3)]
+    dirs += [fake_run(tmp_path, f'red_s{s + 1}', red[s], s + 1, wd=0.03125, query='identity') for s in range(3)]
+    md_path, gap_png = tmp_path / 'agg.md', tmp_path / 'gap.png'
+    report.main(dirs + [f'--md={md_path}', f'--gap_png={gap_png}'])
+    gaps = [100 * (r[-1] - b[-1]) / b[-1] for r, b in zip(red, base)]  # 1%, 0.952%, 0%
+    mean = sum(gaps) / 3
+    sd = (sum((g - mean) ** 2 for g in gaps) / 2) ** 0.5
+    half = 4.303 * sd / 3 ** 0.5
+    rows = md_path.read_text().split('\n\n')[1].splitlines()
+    assert rows[2] == "| base | 0.1 | 3 | 2.0000 +- 0.1000 | (reference) | | |"
+    assert rows[3] == (f"| red | 0.03125 | 3 | 2.0133 +- 0.1102 | {mean:+.2f}% +- {sd:.2f}% | "
+                       f"[{mean - half:+.2f}%, {mean + half:+.2f}%] | could not tell |")  # 0 inside, +1% too
+    runs = [report.read_run(d) for d in dirs]
+    groups = report.group_runs(runs)
+    assert list(groups) == ['base', 'red']
+    assert report.paired_gaps(groups['base'], groups['red'], at=10) == pytest.approx(
+        {1: 100 * 0.1 / 2.5, 2: 0.0, 3: 0.0})
+    assert gap_png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert [b for b, _ in report.BANDS] == [0.0, 0.1, -0.1, -0.35]
+
+
+@pytest.mark.parametrize('gaps,word', [([1.0, 1.1, 0.9], 'worse'), ([-0.5, -0.6, -0.4], 'better'),
+                                       ([0.1, -0.1, 0.05], 'matches'), ([2.0, -1.5, 0.3], 'could not tell'),
+                                       ([0.2], 'could not tell (one seed)')])
+def test_decision_rule(gaps, word):
+    assert report.verdict(gaps)[3] == word
+
+
+def test_report_sweep_table_and_diagnostics_figure(tmp_path):
+    pytest.importorskip('matplotlib', reason='matplotlib draws the report plots (pip install -r requirements-dev.txt)')
+    dirs = [fake_run(tmp_path, f'{arm}_wd{wd}_s1', [3.0, v], 1, wd=wd, diagnostics=True, query=q)
+            for arm, q, wd, v in [('baseline', 'linear', 0.1, 2.0), ('baseline', 'linear', 1.0, 2.2),
+                                  ('reduced', 'identity', 0.1, 2.1), ('reduced', 'identity', 1.0, 1.9)]]
+    runs = report.main(dirs + ['--sweep=True', f'--md={tmp_path / "s.md"}', f'--png={tmp_path / "s.png"}',
+                               f'--diag_png={tmp_path / "d.png"}'])
+    assert (tmp_path / 's.md').read_text().splitlines() == [
+        "| weight decay | baseline | reduced |", "|---|---|---|", "| 0.1 | 2.0000 | 2.1000 (+5.00%) |",
+        "| 1 | 2.2000 | 1.9000 (-13.64%) |", "| best | 0.1 | 1 |"]
+    for png in ('s.png', 'd.png'):
+        assert (tmp_path / png).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert report.main([dirs[2], '--best=True']) == dirs[2] and len(runs) == 4
+    plain = fake_run(tmp_path, 'plain', [3.0, 2.0], 1)
+    with pytest.raises(UserError, match='no diagnostics'):
+        report.main([plain, f'--diag_png={tmp_path / "x.png"}'])

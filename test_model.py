@@ -332,3 +332,41 @@ def test_relu_is_relu():
 def test_bad_query_configs_fail_clearly(kw, message):
     with pytest.raises(ValueError, match=message):
         GPTConfig(**kw)
+
+
+def test_diagnostics_equal_an_independent_computation():
+    """Hand-set weights, no LayerNorm (ln_1 is the identity), one layer of 2 heads of size 2."""
+    import numpy as np
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=4, block_size=5, vocab_size=6, norm=False), verbose=False).double()
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.from_numpy(rng.normal(0, 0.7, tuple(p.shape))))
+    idx = torch.tensor([[1, 4, 2, 5, 0], [3, 3, 1, 0, 2]])
+    diag = model.diagnostics(idx)
+    sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    x = sd['transformer.wte.weight'][idx.numpy()] + sd['transformer.wpe.weight'][np.arange(5)]
+    W = sd['transformer.h.0.attn.c_attn.weight']
+    q, k = x @ W[:4].T, x @ W[4:8].T
+    stds, ents, norms = [], [], []
+    scores_all = []
+    for b in range(2):
+        for h in range(2):
+            s = (q[b, :, 2 * h:2 * h + 2] @ k[b, :, 2 * h:2 * h + 2].T) / np.sqrt(2)
+            for t in range(5):
+                row = s[t, :t + 1]
+                scores_all.extend(row)
+                p = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+                ents.append(-(p * np.log(p)).sum())
+                if t:
+                    norms.append(ents[-1] / np.log(t + 1))
+    assert diag['logit_std'][0] == pytest.approx(np.std(scores_all, ddof=1), rel=1e-6)
+    assert diag['entropy'][0] == pytest.approx(np.mean(ents), rel=1e-6)
+    assert diag['entropy_norm'][0] == pytest.approx(np.mean(norms), rel=1e-6)
+    assert diag['q_rms'][0] == pytest.approx(np.sqrt((q ** 2).mean()), rel=1e-6)
+    assert diag['k_rms'][0] == pytest.approx(np.sqrt((k ** 2).mean()), rel=1e-6)
+    fro = lambda *names: np.sqrt(sum((sd[n] ** 2).sum() for n in names))
+    assert diag['weight_norm'] == pytest.approx(dict(
+        attn_in=fro('transformer.h.0.attn.c_attn.weight'), attn_out=fro('transformer.h.0.attn.c_proj.weight'),
+        mlp_in=fro('transformer.h.0.mlp.c_fc.weight'), mlp_out=fro('transformer.h.0.mlp.c_proj.weight'),
+        embeddings=fro('transformer.wte.weight', 'transformer.wpe.weight')), rel=1e-9)
