@@ -14,7 +14,6 @@ Each configuration also prints one JSON line (prefixed "json:").
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
@@ -97,72 +96,75 @@ def batches(c, device):
 
 
 def bench_train(c, dev):
-    names = c['variants'].split(',')
-    device, device_type, dtype, compile_ = dev.device, dev.type, dev.dtype, dev.compile
-    ctx = dev.ctx
-    x, y = batches(c, device)
+    """Train steps of every variant, alternated step by step, then the medians."""
+    x, y = batches(c, dev.device)
     runs = []
-    for name in names:
+    for name in c['variants'].split(','):
         torch.manual_seed(c['seed'])
-        model = GPT(variant_config(name, c), verbose=False).to(device)
-        opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
-        step_fn = torch.compile(model) if compile_ else model
-        runs.append(dict(name=name, model=model, opt=opt, fn=step_fn, times=[], peak=0))
-
-    def step(r):
-        with ctx:
-            _, loss = r['fn'](x, y)
-        loss.backward()
-        r['opt'].step()
-        r['opt'].zero_grad(set_to_none=True)
-
+        model = GPT(variant_config(name, c), verbose=False).to(dev.device)
+        opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), dev.type)
+        runs.append(dict(name=name, model=model, opt=opt, fn=torch.compile(model) if dev.compile else model,
+                         times=[], peak=0))
     for r in runs:
         for _ in range(c['warmup']):
-            step(r)
+            train_step(r, x, y, dev)
     for _ in range(c['steps']):
         for r in runs:  # alternate: drift hits every variant alike
-            sync(device)
-            if device_type == 'cuda':
-                torch.cuda.reset_peak_memory_stats(device)
-                base = torch.cuda.memory_allocated(device)
-            t0 = time.perf_counter()
-            step(r)
-            sync(device)
-            r['times'].append(time.perf_counter() - t0)
-            if device_type == 'cuda':
-                r['peak'] = max(r['peak'], torch.cuda.max_memory_allocated(device) - base)
-    tokens = c['batch_size'] * c['block_size']
-    peak = device_peak_flops(device)
-    ceiling = None if peak else cpu_matmul_flops(torch.float32 if dtype == 'float16' else getattr(torch, dtype))
-    results = []
-    for r in runs:
-        model = r['model']
-        dt = statistics.median(r['times'])
-        state = sum(p.numel() * p.element_size() * 2 for p in model.parameters())  # weights + grads
-        state += sum(t.numel() * t.element_size() for s in r['opt'].state.values() for t in s.values() if torch.is_tensor(t))
-        achieved = model.flops_per_token(c['block_size']) * tokens / dt
-        results.append(dict(variant=r['name'], params=model.get_num_params(), ms_per_step=dt * 1000,
-                            tokens_per_s=tokens / dt, flops_per_token=model.flops_per_token(c['block_size']),
-                            achieved_tflops=achieved / 1e12, mfu=achieved / peak if peak else None,
-                            matmul_ceiling_tflops=None if peak else ceiling / 1e12,
-                            fraction_of_matmul=None if peak else achieved / ceiling,
-                            state_mb=state / 2 ** 20, step_peak_mb=r['peak'] / 2 ** 20 if r['peak'] else None,
-                            spread_ms=(min(r['times']) * 1000, max(r['times']) * 1000)))
-    ref = results[0]
+            timed_step(r, x, y, dev)
+    peak = device_peak_flops(dev.device)
+    ceiling = None if peak else cpu_matmul_flops(torch.float32 if dev.dtype == 'float16' else getattr(torch, dev.dtype))
+    device = torch.cuda.get_device_name(dev.device) if dev.type == 'cuda' else 'cpu'
+    results = [dict(mode='train', device=device, dtype=dev.dtype, compile=dev.compile,
+                    **train_result(r, c['batch_size'] * c['block_size'], c['block_size'], peak, ceiling)) for r in runs]
     print(f"\n{c['batch_size']} x {c['block_size']} tokens per step, {c['n_layer']}L/{c['n_head']}H/{c['n_embd']}d, "
-          f"{device} {dtype}, compile={compile_}, median of {c['steps']} alternated steps")
+          f"{dev.device} {dev.dtype}, compile={dev.compile}, median of {c['steps']} alternated steps")
     print(f"{'variant':<20}{'params':>12}{'ms/step':>10}{'tokens/s':>11}{'vs first':>10}{'FLOP ratio':>11}"
           f"{'TFLOP/s':>9}{'MFU' if peak else '% of mm':>9}{'state MB':>10}")
+    ref = results[0]
     for r in results:
         util = r['mfu'] if peak else r['fraction_of_matmul']
         print(f"{r['variant']:<20}{r['params']:>12,}{r['ms_per_step']:>10.1f}{r['tokens_per_s']:>11,.0f}"
               f"{r['ms_per_step'] / ref['ms_per_step']:>10.3f}{r['flops_per_token'] / ref['flops_per_token']:>11.3f}"
               f"{r['achieved_tflops']:>9.3f}{100 * util:>8.1f}%{r['state_mb']:>10.1f}")
-    name = torch.cuda.get_device_name(device) if device_type == 'cuda' else 'cpu'
-    results = [dict(mode='train', device=name, dtype=dtype, compile=compile_, **r) for r in results]
     for r in results:
         print('json: ' + json.dumps(r))
     return results
+
+
+def train_step(r, x, y, dev):
+    with dev.ctx:
+        _, loss = r['fn'](x, y)
+    loss.backward()
+    r['opt'].step()
+    r['opt'].zero_grad(set_to_none=True)
+
+
+def timed_step(r, x, y, dev):
+    sync(dev.device)
+    if dev.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(dev.device)
+        base = torch.cuda.memory_allocated(dev.device)
+    t0 = time.perf_counter()
+    train_step(r, x, y, dev)
+    sync(dev.device)
+    r['times'].append(time.perf_counter() - t0)
+    if dev.type == 'cuda':
+        r['peak'] = max(r['peak'], torch.cuda.max_memory_allocated(dev.device) - base)
+
+
+def train_result(r, tokens, block_size, peak, ceiling):
+    model = r['model']
+    dt = statistics.median(r['times'])
+    state = sum(p.numel() * p.element_size() * 2 for p in model.parameters())  # weights + grads
+    state += sum(t.numel() * t.element_size() for s in r['opt'].state.values() for t in s.values() if torch.is_tensor(t))
+    achieved = model.flops_per_token(block_size) * tokens / dt
+    return dict(variant=r['name'], params=model.get_num_params(), ms_per_step=dt * 1000,
+                tokens_per_s=tokens / dt, flops_per_token=model.flops_per_token(block_size),
+                achieved_tflops=achieved / 1e12, mfu=achieved / peak if peak else None,
+                matmul_ceiling_tflops=None if peak else ceiling / 1e12,
+                fraction_of_matmul=None if peak else achieved / ceiling,
+                state_mb=state / 2 ** 20, step_peak_mb=r['peak'] / 2 ** 20 if r['peak'] else None,
+                spread_ms=(min(r['times']) * 1000, max(r['times']) * 1000))
 
 
 def bench_sample(c, dev):
@@ -195,13 +197,14 @@ def bench_sample(c, dev):
                   cached_tokens_per_s=n / times[True], uncached_tokens_per_s=n / times[False],
                   speedup=times[False] / times[True], same_tokens=bool(torch.equal(out[True], out[False])),
                   max_logit_diff=diff, cache_bytes=KVCache(model.config, 1, 'meta', model.cache_dtype(dev.device)).nbytes())
-    print(f"\n{name}, {model.get_num_params():,} params, {n} new tokens after a {c['prompt_tokens']}-token prompt, "
-          f"{dev.device} {dev.dtype}, compile={dev.compile}:")
-    print(f"  KV cache:       {result['cached_tokens_per_s']:8.1f} tokens/s")
-    print(f"  recompute all:  {result['uncached_tokens_per_s']:8.1f} tokens/s")
-    print(f"  speedup {result['speedup']:.1f}x; identical greedy tokens: {result['same_tokens']}; max |logit difference| "
-          f"of cached decoding against one full forward pass: {diff:.2e} (16-bit rounding alone can flip a near tie)")
-    print('json: ' + json.dumps(result))
+    print('\n'.join([
+        f"\n{name}, {model.get_num_params():,} params, {n} new tokens after a {c['prompt_tokens']}-token prompt, "
+        f"{dev.device} {dev.dtype}, compile={dev.compile}:",
+        f"  KV cache:       {result['cached_tokens_per_s']:8.1f} tokens/s",
+        f"  recompute all:  {result['uncached_tokens_per_s']:8.1f} tokens/s",
+        f"  speedup {result['speedup']:.1f}x; identical greedy tokens: {result['same_tokens']}; max |logit difference| "
+        f"of cached decoding against one full forward pass: {diff:.2e} (16-bit rounding alone can flip a near tie)",
+        'json: ' + json.dumps(result)]))
     return result
 
 
@@ -300,7 +303,7 @@ def write_results(c, results):
 
 
 def main(argv=None):
-    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    c = parse_config(DEFAULTS, argv)
     if c['mode'] == 'prepare':
         return bench_prepare(c)
     if c['mode'] == 'summary':

@@ -66,9 +66,11 @@ def check_value(key, value, defaults, source):
     return value
 
 
-def parse_config(defaults, argv):
-    """nanoGPT's configurator made strict: an unknown key or a wrong type names the key."""
+def parse_config(defaults, argv=None, show=False):
+    """nanoGPT's configurator made strict: an unknown key or a wrong type names the key. argv None
+    is the command line; show prints the resolved config."""
     config = dict(defaults)
+    argv = sys.argv[1:] if argv is None else argv
     for arg in argv:
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')
@@ -88,6 +90,8 @@ def parse_config(defaults, argv):
             if key.startswith('_') or isinstance(value, (types.ModuleType, types.FunctionType, type)):
                 continue
             config[key] = check_value(key, value, defaults, arg)
+    if show:
+        print_config(config)
     return config
 
 

@@ -22,14 +22,13 @@ the gap, a starting point for fine-tuning.
 
 """
 import os
-import sys
 from dataclasses import asdict
 
 import math
 
 import torch
 
-from common import UserError, load_checkpoint, open_dataset, parse_config, print_config, run_main, save_checkpoint
+from common import UserError, load_checkpoint, open_dataset, parse_config, run_main, save_checkpoint
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -175,25 +174,27 @@ def convert(c):
                          best_val_loss=float(ckpt.get('best_val_loss', float('inf'))), config=ckpt.get('config', {}),
                          meta=ckpt.get('meta', {}), converted_from=os.path.abspath(c['in_dir']), conversion=result),
                     os.path.join(out_dir, 'ckpt.pt'))
-    print(f"{'exact' if reason is None else 'APPROXIMATE'} conversion, checked on {where}:")
-    print(f"  max |logit difference|: {d64[0]:.3e} (float64), {d32[0]:.3e} (float32)")
-    print(f"  loss: {d32[1]:.6f} before, {d32[2]:.6f} after")
-    print(f"  attention parameters: {before['attention']:,} -> {after['attention']:,} "
-          f"(-{before['attention'] - after['attention']:,} = {cfg.n_layer if not cfg.share_layers else 1} x n_embd^2)")
-    print(f"  W_Q condition numbers: {', '.join(f'{k:.3g}' for k in report['condition_numbers'])}")
-    if report['untied']:
-        print("  note: the LM head was tied to the token embedding; a non-orthogonal change of basis "
-              "unties them (tie_weights=False)")
-    if reason:
-        print(f"  why not exact: {reason}")
-    print(f"wrote {out_dir}/ckpt.pt")
+    print_conversion(result, cfg, out_dir)
     return result
 
 
+def print_conversion(r, cfg, out_dir):
+    print(f"{'exact' if r['exact'] else 'APPROXIMATE'} conversion, checked on {r['check']}:")
+    print(f"  max |logit difference|: {r['max_logit_diff_float64']:.3e} (float64), {r['max_logit_diff_float32']:.3e} (float32)")
+    print(f"  loss: {r['loss_before']:.6f} before, {r['loss_after']:.6f} after")
+    print(f"  attention parameters: {r['attention_params_before']:,} -> {r['attention_params_after']:,} "
+          f"(-{r['attention_params_before'] - r['attention_params_after']:,} = {cfg.n_layer if not cfg.share_layers else 1} x n_embd^2)")
+    print(f"  W_Q condition numbers: {', '.join(f'{k:.3g}' for k in r['condition_numbers'])}")
+    if r['untied']:
+        print("  note: the LM head was tied to the token embedding; a non-orthogonal change of basis "
+              "unties them (tie_weights=False)")
+    if r['reason']:
+        print(f"  why not exact: {r['reason']}")
+    print(f"wrote {out_dir}/ckpt.pt")
+
+
 def main(argv=None):
-    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
-    print_config(c)
-    return convert(c)
+    return convert(parse_config(DEFAULTS, argv, show=True))
 
 
 if __name__ == '__main__':

@@ -14,11 +14,10 @@ into place. What GPT-2 cannot express is refused with the reason; the checkpoint
 """
 import os
 import shutil
-import sys
 
 import torch
 
-from common import UserError, load_checkpoint, parse_config, print_config, run_main
+from common import UserError, load_checkpoint, parse_config, run_main
 from model import GPT
 
 DEFAULTS = dict(
@@ -148,9 +147,7 @@ def export(c):
 
 
 def main(argv=None):
-    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
-    print_config(c)
-    return export(c)
+    return export(parse_config(DEFAULTS, argv, show=True))
 
 
 if __name__ == '__main__':

@@ -15,12 +15,11 @@ before any rewrite and written only when both bins are complete.
 import ast
 import glob
 import os
-import sys
 import sysconfig
 
 import numpy as np
 
-from common import (SPLITS, UserError, bins_match_meta, get_tokenizer, parse_config, print_config, read_json,
+from common import (SPLITS, UserError, bins_match_meta, get_tokenizer, parse_config, read_json,
                     run_main, write_json)
 
 DEFAULTS = dict(
@@ -244,9 +243,7 @@ def prepare(c):
 
 
 def main(argv=None):
-    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
-    print_config(c)
-    return prepare(c)
+    return prepare(parse_config(DEFAULTS, argv, show=True))
 
 
 if __name__ == '__main__':

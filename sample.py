@@ -117,8 +117,7 @@ def sample(c):
 
 
 def main(argv=None):
-    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
-    return sample(c)
+    return sample(parse_config(DEFAULTS, argv))
 
 
 if __name__ == '__main__':

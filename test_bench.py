@@ -81,7 +81,7 @@ def test_report_errors_are_clear(tmp_path):
 def fake_run(root, name, val_losses, seed, wd=0.1, diagnostics=False, **model):
     """A run directory as train.py writes it, with evaluations every 10 steps of 100 tokens."""
     import torch
-    from model import GPT, GPTConfig
+    from model import GPTConfig
     out = root / name
     out.mkdir(parents=True)
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32, **model)

@@ -9,7 +9,7 @@ import torch
 import export
 import prepare
 import train
-from common import UserError, get_tokenizer, load_checkpoint
+from common import get_tokenizer, load_checkpoint
 from model import GPT
 
 transformers = pytest.importorskip('transformers', reason='transformers is the optional Hugging Face export dependency')

@@ -4,7 +4,6 @@ CUDA path found, and the dry run of gpu_check.sh."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch

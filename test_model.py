@@ -230,14 +230,9 @@ def reference_query(attn, x, cfg):
     W = attn.c_attn.weight.T
     xq = x @ W[:, :C] if cfg.query in ('linear', 'residual', 'residual_gelu') else None
     gelu = lambda z: 0.5 * z * (1 + torch.erf(z / math.sqrt(2)))
-    if cfg.query == 'linear':
-        return xq
-    if cfg.query == 'identity':
-        return x
-    if cfg.query == 'residual':
-        return x + xq
-    if cfg.query == 'residual_gelu':
-        return x + gelu(xq)
+    formulas = dict(linear=lambda: xq, identity=lambda: x, residual=lambda: x + xq, residual_gelu=lambda: x + gelu(xq))
+    if cfg.query in formulas:
+        return formulas[cfg.query]()
     m = attn.q_mlp
     rms = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps) * m.norm.weight
     z = gelu(rms @ m.fc.weight.T) @ m.proj.weight.T
@@ -348,7 +343,7 @@ def test_diagnostics_equal_an_independent_computation():
     x = sd['transformer.wte.weight'][idx.numpy()] + sd['transformer.wpe.weight'][np.arange(5)]
     W = sd['transformer.h.0.attn.c_attn.weight']
     q, k = x @ W[:4].T, x @ W[4:8].T
-    stds, ents, norms = [], [], []
+    ents, norms = [], []
     scores_all = []
     for b in range(2):
         for h in range(2):

@@ -17,7 +17,6 @@ import math
 import os
 import signal
 import socket
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, fields
@@ -511,8 +510,7 @@ def train(c):
 
 
 def main(argv=None):
-    c = parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
-    train(c)
+    return train(parse_config(DEFAULTS, argv))
 
 
 if __name__ == '__main__':
