@@ -5,6 +5,8 @@ Measure speed, side by side, in one process:
     python bench.py --n_layer=4 --n_embd=256 --block_size=256 --batch_size=8
     python bench.py --mode=sample --variants=reduced  # KV cache vs full recomputation, 500 new tokens
     python bench.py --mode=prepare --tokenizer=gpt2   # prepare.py tokens/s vs the tokenizer alone
+    python bench.py --mode=diagnostics --variants=reduced --n_layer=4 --n_head=4 --n_embd=128 --block_size=128 \
+        --vocab_size=320 --batch_size=32 --dataset=pydocs   # train.py's diagnostics against its steps
 
 Train mode alternates the variants step by step, so drift of a shared machine hits all
 of them alike, and reports medians. On a GPU, MFU is against the device's bf16 peak; on a
@@ -24,7 +26,7 @@ from common import (UserError, device_peak_flops, open_dataset, parse_config, re
 from model import GPT, GPTConfig, KVCache
 
 DEFAULTS = dict(
-    mode='train',  # train | sample | prepare
+    mode='train',  # train | sample | diagnostics | prepare | summary
     variants='baseline,reduced,reduced_mlp',
     n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304,
     batch_size=4,
@@ -42,6 +44,7 @@ DEFAULTS = dict(
     repeat=10,  # prepare mode: copies of pydocs in the corpus
     json_out=None,  # train/sample modes: also append the results as JSON lines here; summary mode: the folder
     run_dir=None,  # summary mode: a train.py run to summarise too
+    eval_interval=250,  # diagnostics mode: steps between evaluations (config/demo.py's)
     seed=1337,
 )
 
@@ -253,6 +256,33 @@ def bench_prepare(c):
     return result
 
 
+def bench_diagnostics(c, dev):
+    """The cost of train.py's diagnostics (one call per evaluation, on up to 4 windows) against
+    the training steps between two evaluations, both timed here alternately, medians."""
+    torch.manual_seed(c['seed'])
+    model = GPT(variant_config(c['variants'].split(',')[0], c), verbose=False).to(dev.device)
+    run = dict(name='', model=model, opt=model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), dev.type), fn=model,
+               times=[], peak=0)
+    x, y = batches(c, dev.device)
+    diag = []
+    for i in range(c['warmup'] + c['steps']):
+        timed_step(run, x, y, dev)
+        t0 = time.perf_counter()
+        with dev.ctx:
+            model.eval()
+            model.diagnostics(x[:4])
+            model.train()
+        sync(dev.device)
+        diag.append(time.perf_counter() - t0)
+    step, call = statistics.median(run['times'][c['warmup']:]), statistics.median(diag[c['warmup']:])
+    result = dict(mode='diagnostics', step_ms=step * 1000, diagnostics_ms=call * 1000, eval_interval=c['eval_interval'],
+                  overhead=call / (call + c['eval_interval'] * step))
+    print(f"\ndiagnostics: {result['diagnostics_ms']:.1f} ms per evaluation; a training step {result['step_ms']:.1f} ms; "
+          f"at eval_interval {c['eval_interval']}: {100 * result['overhead']:.3f}% of training time")
+    print('json: ' + json.dumps(result))
+    return result
+
+
 def bench_summary(c):
     """results.json and results.md in the folder json_out from the JSON lines the other modes
     appended there (bench_train.jsonl, bench_sample.jsonl) and the train.py run in run_dir."""
@@ -308,10 +338,10 @@ def main(argv=None):
         return bench_prepare(c)
     if c['mode'] == 'summary':
         return bench_summary(c)
-    if c['mode'] not in ('train', 'sample'):
-        raise UserError(f"mode must be train, sample, prepare or summary, got {c['mode']!r}")
-    dev = setup_device(c['device'], c['dtype'], c['compile'])
-    return write_results(c, (bench_train if c['mode'] == 'train' else bench_sample)(c, dev))
+    modes = dict(train=bench_train, sample=bench_sample, diagnostics=bench_diagnostics)
+    if c['mode'] not in modes:
+        raise UserError(f"mode must be train, sample, diagnostics, prepare or summary, got {c['mode']!r}")
+    return write_results(c, modes[c['mode']](c, setup_device(c['device'], c['dtype'], c['compile'])))
 
 
 if __name__ == '__main__':

@@ -148,3 +148,9 @@ def test_report_sweep_table_and_diagnostics_figure(tmp_path):
     plain = fake_run(tmp_path, 'plain', [3.0, 2.0], 1)
     with pytest.raises(UserError, match='no diagnostics'):
         report.main([plain, f'--diag_png={tmp_path / "x.png"}'])
+
+
+def test_bench_diagnostics_overhead_is_a_fraction():
+    r = bench.main(TINY + ['--mode=diagnostics', '--steps=2', '--warmup=1', '--eval_interval=10'])
+    assert r['step_ms'] > 0 and r['diagnostics_ms'] > 0 and r['eval_interval'] == 10
+    assert r['overhead'] == pytest.approx(r['diagnostics_ms'] / (r['diagnostics_ms'] + 10 * r['step_ms']))
