@@ -34,7 +34,7 @@ DEFAULTS = dict(
 )
 QUERY_LABEL = dict(linear='full attention', identity='W_Q=I', residual='q=x+xW_Q', residual_gelu='q=x+GELU(xW_Q)',
                    nonlinear='nonlinear q')
-BANDS = [(0.0, 'equal'), (0.1, '+-0.1%'), (-0.1, None), (-0.35, '-0.35% (the follow-up)')]  # the authors' references
+BANDS = [(0.0, 'equal'), (0.1, '+-0.1%'), (-0.1, None), (-0.35, '-0.35%')]  # the authors' reference bands
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
