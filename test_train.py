@@ -353,3 +353,16 @@ def test_a_save_failure_on_rank_0_ends_both_ranks(data_root, tmp_path):
                        cwd=HERE, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode != 0
     assert f"error: cannot write {out}/ckpt.pt" in r.stderr and "error: rank 0 could not save" in r.stderr
+
+
+def test_pydocs_is_prepared_by_the_first_run_that_needs_it(tmp_path):
+    """Two runs started together on a data_root without pydocs: one prepares it, once, in one line."""
+    args = lambda name: [sys.executable, 'train.py', *argv(str(tmp_path / 'data'), tmp_path / name, dataset='pydocs',
+                                                           max_iters=1, eval_interval=1, n_layer=1)]
+    procs = [subprocess.Popen(args(n), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in 'ab']
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    said = [line for out, _ in outs for line in out.splitlines() if line.startswith('no prepared pydocs')]
+    assert said == [f"no prepared pydocs in {tmp_path / 'data'}/: preparing the embedded corpus first (offline, ~10 s)"]
+    meta = json.loads((tmp_path / 'data' / 'pydocs' / 'meta.json').read_text())
+    assert meta['tokenizer'] == 'byte' and meta['train_tokens'] > 2_000_000

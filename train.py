@@ -131,11 +131,16 @@ def lock_out_dir(out_dir):
 
 def open_data(c, master, ddp):
     """The prepared dataset; the embedded pydocs corpus is prepared here when it is missing."""
-    if c['dataset'] == 'pydocs' and not os.path.exists(os.path.join(c['data_root'], 'pydocs', 'meta.json')):
+    meta_path = os.path.join(c['data_root'], 'pydocs', 'meta.json')
+    if c['dataset'] == 'pydocs' and not os.path.exists(meta_path):
         if master:
-            import prepare
-            print(f"no prepared pydocs in {c['data_root']}/: preparing the embedded corpus first (offline, ~10 s)")
-            prepare.prepare(dict(prepare.DEFAULTS, dataset='pydocs', data_root=c['data_root'], progress=False))
+            os.makedirs(c['data_root'], exist_ok=True)
+            with open(os.path.join(c['data_root'], '.prepare.lock'), 'a') as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # runs started together: one prepares, the others wait
+                if not os.path.exists(meta_path):
+                    import prepare
+                    print(f"no prepared pydocs in {c['data_root']}/: preparing the embedded corpus first (offline, ~10 s)")
+                    prepare.prepare(dict(prepare.DEFAULTS, dataset='pydocs', data_root=c['data_root'], progress=False))
         if ddp:
             dist.barrier()
     return open_dataset(c['data_root'], c['dataset'], c['block_size'])
