@@ -159,14 +159,14 @@ def test_bench_diagnostics_overhead_is_a_fraction():
 def test_repro_script_runs_end_to_end_and_skips_finished_runs(data_root, tmp_path):
     pytest.importorskip('matplotlib', reason='matplotlib draws the report plots (pip install -r requirements-dev.txt)')
     env = dict(os.environ, REPRO_DIR=str(tmp_path / 'runs'), REPRO_ASSETS=str(tmp_path / 'assets'),
-               REPRO_WDS='0.1 1.0', REPRO_SEEDS='1 2', REPRO_ARMS='baseline:linear reduced:identity',
+               REPRO_WDS='0.1', REPRO_SEEDS='1 2', REPRO_ARMS='baseline:linear reduced:identity',
                REPRO_EXTRA=f'--data_root={data_root} --dataset=tiny --max_iters=4 --eval_interval=2 --eval_iters=1 '
                            '--n_layer=1 --batch_size=2 --block_size=32')
     first = subprocess.run(['bash', 'repro_small.sh'], cwd=HERE, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     started = [line.split()[1] for line in first.stdout.splitlines() if line[:2].isdigit()]
-    assert sorted(started[:4]) == ['baseline_wd0.1_s1', 'baseline_wd1.0_s1', 'reduced_wd0.1_s1', 'reduced_wd1.0_s1']
-    assert len(started) == 6 and all(s.endswith('_s2') for s in started[4:])  # the best weight decays, seed 2
+    assert sorted(started[:2]) == ['baseline_wd0.1_s1', 'reduced_wd0.1_s1']  # two at a time: either order
+    assert sorted(started[2:]) == ['baseline_wd0.1_s2', 'reduced_wd0.1_s2']  # the best weight decay, seed 2
     agg = (tmp_path / 'assets' / 'repro.md').read_text().split('\n\n')[1].splitlines()
     assert agg[2].startswith('| baseline_wd') and agg[3].startswith('| reduced_wd') and '| 2 |' in agg[3]
     assert (tmp_path / 'assets' / 'repro_sweep.md').read_text().splitlines()[0] == '| weight decay | baseline | reduced |'
