@@ -284,22 +284,26 @@ def test_keep_checkpoints_writes_exactly_the_steps_asked_for(data_root, tmp_path
 
 def test_second_run_on_an_out_dir_fails_and_a_killed_run_resumes_at_once(data_root, tmp_path):
     out = tmp_path / 'run'
-    first = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, out, max_iters=40, eval_interval=20)],
+    long = dict(max_iters=10 ** 5, lr_decay_iters=1000, eval_interval=20)
+    first = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, out, **long)],
                              cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (out / 'log.jsonl').exists():
         time.sleep(0.1)
     second = subprocess.run([sys.executable, 'train.py', *argv(data_root, out)], cwd=HERE, capture_output=True,
                             text=True, timeout=120)
+    assert first.poll() is None  # still running: the second run met a live lock
     assert second.returncode == 2 and second.stderr.strip().splitlines() == [
         f"error: {out} is in use by train.py (pid {first.pid} on {os.uname().nodename}): wait for that run, "
         "stop it, or choose another --out_dir"]
-    assert first.wait(timeout=180) == 0
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=120) == 0
     log = read_log(out)  # clean: each step and evaluation once, in order
-    assert [e['iter'] for e in log if 'loss' in e] == list(range(1, 41))
-    assert [e['iter'] for e in log if 'val_loss' in e] == [0, 20, 40]
-    killed = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, out, init_from='resume', max_iters=10 ** 5,
-                                                                 lr_decay_iters=1000, eval_interval=2)],
+    last = log[-1]['iter']
+    assert [e['iter'] for e in log if 'loss' in e] == list(range(1, last + 1))
+    assert [e['iter'] for e in log if 'val_loss' in e] == list(range(0, last + 1, 20))
+    killed = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, out, init_from='resume', eval_interval=2,
+                                                                 max_iters=10 ** 5, lr_decay_iters=1000)],
                               cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while time.time() < deadline + 60 and 'saved' not in (killed.stdout.readline() or 'saved'):
         pass
