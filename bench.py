@@ -176,9 +176,7 @@ def bench_sample(c, dev):
     On CUDA the weights and cache are in the 16-bit dtype, as sample.py runs them."""
     name = c['variants'].split(',')[0]
     torch.manual_seed(c['seed'])
-    model = GPT(variant_config(name, c), verbose=False).to(dev.device).eval()
-    if dev.type == 'cuda' and dev.dtype != 'float32':
-        model.to(getattr(torch, dev.dtype))
+    model = dev.for_inference(GPT(variant_config(name, c), verbose=False))
     if dev.compile:
         model.compile(dynamic=True)
     prompt = torch.randint(c['vocab_size'], (1, c['prompt_tokens']), generator=torch.Generator().manual_seed(c['seed']))

@@ -131,6 +131,12 @@ class DeviceSetup:
     def type(self):
         return 'cuda' if self.device.startswith('cuda') else 'cpu'
 
+    def for_inference(self, model):
+        """model in eval mode on the device; on a GPU its weights (and so its KV cache) in the
+        16-bit dtype, so decoding casts nothing per token."""
+        model.eval().to(self.device)
+        return model.to(getattr(torch, self.dtype)) if self.type == 'cuda' and self.dtype != 'float32' else model
+
 
 def setup_device(device=None, dtype=None, compile=None):
     """The one rule every script follows: cuda when available; bf16 autocast where native,

@@ -444,7 +444,7 @@ class GPT(nn.Module):
         """The model of a checkpoint dict (common.load_checkpoint). nanoGPT's model_args lack
         kvgpt's fields, whose defaults describe nanoGPT's model; old kvgpt checkpoints name the
         reduced model query_identity=True, which GPTConfig reads as query='identity'."""
-        state = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
+        state = {k.removeprefix('module.').removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}
         try:
             model = cls(GPTConfig.from_dict(ckpt['model_args']), verbose=verbose)
             model.load_state_dict(state)

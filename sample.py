@@ -90,9 +90,7 @@ def sample(c):
     prompt = read_prompt(c['start'])
     dev = setup_device(c['device'], c['dtype'], c['compile'])
     model, tok = load_model(c)
-    model.eval().to(dev.device)
-    if dev.type == 'cuda' and dev.dtype != 'float32':
-        model.to(getattr(torch, dev.dtype))  # weights and KV cache in 16 bits: no per-token casts
+    dev.for_inference(model)
     if dev.compile:
         model.compile(dynamic=True)  # in place, so generate()'s own calls run compiled; positions vary
     ids = encode_prompt(prompt, tok, model)

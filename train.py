@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (UserError, device_peak_flops, load_checkpoint, open_dataset, parse_config, print_config,
+from common import (UserError, device_peak_flops, pick_device, load_checkpoint, open_dataset, parse_config, print_config,
                     read_json, read_jsonl, run_main, save_checkpoint, setup_device, write_json, write_text)
 from model import GPT, GPTConfig
 
@@ -99,7 +99,7 @@ def check_settings(c, world):
 
 def setup_distributed(c):
     """(ddp, rank, world_size, device); torchrun sets RANK, LOCAL_RANK and WORLD_SIZE."""
-    device = c['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
+    device = pick_device(c['device'])
     if int(os.environ.get('RANK', -1)) == -1:
         return False, 0, 1, device
     rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
