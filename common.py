@@ -78,21 +78,28 @@ def parse_config(defaults, argv=None, show=False):
                 raise UserError(f"expected --key=value, got '{arg}'")
             config[key] = check_value(key, parse_value(text), defaults, arg)
             continue
-        if not os.path.isfile(arg):
-            raise UserError(f"config file '{arg}' not found (arguments are config files and --key=value)")
-        namespace = {}
-        try:
-            with open(arg) as f:
-                exec(compile(f.read(), arg, 'exec'), namespace)
-        except Exception as e:
-            raise UserError(f"config file '{arg}' failed: {type(e).__name__}: {e}") from None
-        for key, value in namespace.items():
-            if key.startswith('_') or isinstance(value, (types.ModuleType, types.FunctionType, type)):
-                continue
+        for key, value in run_config_file(arg, config).items():
             config[key] = check_value(key, value, defaults, arg)
     if show:
         print_config(config)
     return config
+
+
+def run_config_file(path, config):
+    """The settings a config file makes. It runs with the config so far in scope, as nanoGPT's
+    configurator does, so a file can derive a value (`mlp_hidden = 9 * n_embd // 2`) from the
+    geometry that earlier files or defaults set; what it leaves alone is not returned."""
+    if not os.path.isfile(path):
+        raise UserError(f"config file '{path}' not found (arguments are config files and --key=value)")
+    namespace = dict(config)
+    try:
+        with open(path) as f:
+            exec(compile(f.read(), path, 'exec'), namespace)
+    except Exception as e:
+        raise UserError(f"config file '{path}' failed: {type(e).__name__}: {e}") from None
+    return {key: value for key, value in namespace.items()
+            if not key.startswith('_') and not isinstance(value, (types.ModuleType, types.FunctionType, type))
+            and not (key in config and value is config[key])}
 
 
 def print_config(config):
@@ -262,11 +269,23 @@ class Dataset:
         g = torch.Generator().manual_seed(seed)
         return torch.randint(self.tokens(split) - self.block_size - 1, (count,), generator=g).numpy()
 
-    def batch(self, split, starts, device='cpu'):
-        """Inputs and next-token targets (len(starts), block_size) as int64, on device. A fresh
-        memmap each call: nanoGPT's fix for the memory growth of a long-lived one."""
+    def tiling(self, split, batch_size):
+        """Batches of up to batch_size window starts, with their window length, in which every token of the split
+        after the first is a target exactly once, in order: full windows end to end, then one
+        shorter window for the remainder. Nothing random: the same tokens for every run."""
+        targets, block = self.tokens(split) - 1, self.block_size
+        starts = np.arange(targets // block) * block
+        batches = [(starts[i:i + batch_size], block) for i in range(0, len(starts), batch_size)]
+        if targets % block:
+            batches.append((np.array([len(starts) * block]), targets % block))
+        return batches
+
+    def batch(self, split, starts, device='cpu', length=None):
+        """Inputs and next-token targets (len(starts), length or block_size) as int64, on device.
+        A fresh memmap each call: nanoGPT's fix for the memory growth of a long-lived one."""
+        length = length or self.block_size
         data = np.memmap(os.path.join(self.dir, f'{split}.bin'), dtype=self.meta['dtype'], mode='r')
-        xy = torch.from_numpy(np.stack([data[s:s + self.block_size + 1] for s in starts]).astype(np.int64))
+        xy = torch.from_numpy(np.stack([data[s:s + length + 1] for s in starts]).astype(np.int64))
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
         if str(device).startswith('cuda'):
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)

@@ -60,6 +60,7 @@ class GPTConfig:
     mlp_residual: bool = True  # False: the skip connection surrounds only the attention
     share_layers: bool = False  # one block's weights reused n_layer times (ALBERT-style)
     activation: str = 'gelu'  # 'gelu_tanh': OpenAI GPT-2's approximation; 'relu': theorem 8.4's setting
+    init_std: float = 0.02  # std of every weight at init (GPT-2's); the residual projections get init_std/sqrt(2 n_layer)
 
     def __post_init__(self):
         if self.mlp_hidden is None:
@@ -91,6 +92,8 @@ class GPTConfig:
             raise ValueError(f"query_mix must be positive, got {self.query_mix}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not self.init_std > 0:
+            raise ValueError(f"init_std must be positive, got {self.init_std}")
         if self.attn_scale is not None and not self.attn_scale > 0:
             raise ValueError(f"attn_scale must be positive, got {self.attn_scale}")
 
@@ -274,17 +277,17 @@ class GPT(nn.Module):
         # GPT-2's scaled init of the projections that write into the residual stream
         for name, p in self.named_parameters():
             if name.endswith('c_proj.weight'):
-                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                torch.nn.init.normal_(p, mean=0.0, std=config.init_std / math.sqrt(2 * config.n_layer))
         if verbose:
             print(f"number of parameters: {self.get_num_params() / 1e6:.2f}M")
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            torch.nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
             if module.bias is not None:
                 torch.nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            torch.nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
 
     def get_num_params(self):
         """Every parameter tensor counted once (tied embeddings once, shared blocks once)."""

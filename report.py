@@ -13,6 +13,8 @@ Decision rule, fixed before the results: the variant "matches" the reference if 
 interval (Student t) of the mean paired gap contains 0 and lies within +-1%; it is "worse" or
 "better" if the interval excludes 0; otherwise "could not tell". matplotlib is needed for plots.
 """
+import itertools
+import math
 import os
 import re
 import statistics
@@ -35,7 +37,8 @@ DEFAULTS = dict(
 QUERY_LABEL = dict(linear='full attention', identity='W_Q=I', residual='q=x+xW_Q', residual_gelu='q=x+GELU(xW_Q)',
                    nonlinear='nonlinear q')
 BANDS = [(0.0, 'equal'), (0.1, '+-0.1%'), (-0.1, None), (-0.35, '-0.35%')]  # the authors' reference bands
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+MARGIN = 0.3  # % of loss: the smallest effect of interest; "matches" means within it (docs/experiments.md)
+ALPHA = 0.05
 
 
 def read_run(out_dir):
@@ -111,16 +114,99 @@ def mean_sd(values):
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else float('nan'))
 
 
-def verdict(gaps):
-    """(mean, sd, half-width of the 95% interval, verdict) of the paired gaps, by the rule above."""
+# -----------------------------------------------------------------------------
+# statistics of paired gaps: Student t for any degrees of freedom, the exact sign-flip
+# permutation test, two one-sided tests for equivalence, and Holm's correction
+
+def betainc(a, b, x):
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified Lentz)."""
+    if x <= 0 or x >= 1:
+        return float(x >= 1)
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below this point: use the symmetry
+        return 1 - betainc(b, a, 1 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        else:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        d = 1 + num * d
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = 1 + num / c if abs(1 + num / c) > tiny else tiny
+        f *= c * d
+        if abs(1 - c * d) < 1e-15:
+            break
+    return front * (f - 1)
+
+
+def t_cdf(t, df):
+    """P(T <= t) for Student's t with df degrees of freedom."""
+    tail = 0.5 * betainc(df / 2, 0.5, df / (df + t * t))
+    return 1 - tail if t > 0 else tail
+
+
+def t_quantile(p, df):
+    """The t with P(T <= t) = p, by bisection on t_cdf: any degrees of freedom, no table."""
+    lo, hi = -1e3, 1e3
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def sign_flip_p(gaps):
+    """The exact two-sided permutation p of a mean paired gap: the share of the 2^n patterns of
+    signs whose |mean| is at least the observed one (the observed pattern among them)."""
+    observed = abs(sum(gaps))
+    hits = sum(abs(sum(g * s for g, s in zip(gaps, signs))) >= observed - 1e-12
+               for signs in itertools.product((1, -1), repeat=len(gaps)))
+    return hits / 2 ** len(gaps)
+
+
+def tost_p(gaps, margin):
+    """Two one-sided t tests that the mean gap lies within +-margin: the larger of their p values."""
     mean, sd = mean_sd(gaps)
-    if len(gaps) < 2:
-        return mean, sd, float('nan'), 'could not tell (one seed)'
-    half = T95.get(len(gaps) - 1, 1.96) * sd / len(gaps) ** 0.5
-    lo, hi = mean - half, mean + half
-    if lo > 0 or hi < 0:
-        return mean, sd, half, 'worse' if lo > 0 else 'better'
-    return mean, sd, half, 'matches' if -1 <= lo and hi <= 1 else 'could not tell'
+    se, df = sd / len(gaps) ** 0.5, len(gaps) - 1
+    return max(1 - t_cdf((mean + margin) / se, df), t_cdf((mean - margin) / se, df))
+
+
+def holm(pvalues):
+    """Holm's step-down adjusted p values, in the input order."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for step, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - step) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def compare(gap_sets, margin=MARGIN, alpha=ALPHA):
+    """The decision rule of docs/experiments.md for each comparison's paired gaps (%), Holm-corrected
+    across them: a dict per comparison with the mean, sd, t p, permutation p, TOST p, their Holm
+    adjustments, the interval at the comparison's Holm level, and the verdict."""
+    out = []
+    for gaps in gap_sets:
+        mean, sd = mean_sd(gaps)
+        df, se = len(gaps) - 1, sd / len(gaps) ** 0.5
+        p_t = 2 * (1 - t_cdf(abs(mean) / se, df)) if df > 0 and se > 0 else float('nan')
+        out.append(dict(n=len(gaps), mean=mean, sd=sd, se=se, p_t=p_t, p_perm=sign_flip_p(gaps),
+                        p_tost=tost_p(gaps, margin) if df > 0 and se > 0 else float('nan')))
+    for key in ('p_t', 'p_tost'):
+        for r, adjusted in zip(out, holm([r[key] for r in out])):
+            r[key + '_holm'] = adjusted
+    by_p = sorted(range(len(out)), key=lambda i: out[i]['p_t'])
+    for step, i in enumerate(by_p):  # the level at which Holm tests comparison i
+        r = out[i]
+        r['level'] = 1 - alpha / (len(out) - step)
+        r['half'] = t_quantile(1 - (1 - r['level']) / 2, r['n'] - 1) * r['se'] if r['n'] > 1 else float('nan')
+        r['verdict'] = ('worse' if r['mean'] > 0 else 'better') if r['p_t_holm'] < alpha else \
+            'matches' if r['p_tost_holm'] < alpha else 'could not tell'
+        r['flag'] = (r['p_t'] < alpha) != (r['p_perm'] < alpha)
+    return out
 
 
 def aggregate_table(groups):

@@ -227,12 +227,12 @@ def truncate_log(path, resume_iter):
 
 
 def run_finished(out_dir):
-    """Whether out_dir holds a run that reached its last evaluation (max_iters)."""
+    """Whether out_dir holds a run that reached its final evaluation (max_iters, full val loss)."""
     config_path, log_path = os.path.join(out_dir, 'config.json'), os.path.join(out_dir, 'log.jsonl')
     if not (os.path.exists(config_path) and os.path.exists(log_path)):
         return False
     max_iters = read_json(config_path, 'config.json')['max_iters']
-    return any(e.get('iter') == max_iters and 'val_loss' in e for e in read_jsonl(log_path))
+    return any(e.get('iter') == max_iters and 'val_loss_full' in e for e in read_jsonl(log_path))
 
 
 class Logger:
@@ -279,9 +279,10 @@ class Trainer:
         self.data = open_data(c, self.master, ddp)
         if self.master:
             print_config(c)
-            if not c['eval_only']:
-                write_json(os.path.join(c['out_dir'], 'config.json'), c)
         self.raw_model, ckpt = build_model(c, self.data.meta, self.master)
+        if self.master and not c['eval_only']:  # with the model's resolved settings: log + config describe the run
+            write_json(os.path.join(c['out_dir'], 'config.json'),
+                       dict(c, model_args=asdict(self.raw_model.config), params=self.raw_model.get_num_params()))
         self.raw_model.to(self.dev.device)
         self.scaler = torch.amp.GradScaler(self.dev.type, enabled=self.dev.dtype == 'float16')
         self.optimizer = self.raw_model.configure_optimizers(c['weight_decay'], c['learning_rate'],
@@ -411,19 +412,40 @@ class Trainer:
         self.model.train()
         return out
 
+    @torch.no_grad()
+    def full_val_loss(self):
+        """The mean loss over every token of the val split once, in order (common.Dataset.tiling):
+        no sampling noise, and the same tokens for every run, seed and world size. The number a
+        verdict between variants uses; computed at the final evaluation only."""
+        self.raw_model.eval()
+        total = torch.zeros(2, dtype=torch.float64, device=self.dev.device)
+        batches = self.data.tiling('val', self.c['batch_size'])
+        for starts, length in batches[self.rank::self.world]:
+            x, y = self.data.batch('val', starts, self.dev.device, length)
+            with self.dev.ctx:
+                _, loss = self.raw_model(x, y)
+            total += torch.stack([loss.double() * y.numel(), torch.tensor(float(y.numel()), device=total.device)])
+        if self.ddp:
+            dist.all_reduce(total)
+        self.raw_model.train()
+        return (total[0] / total[1]).item()
+
     def evaluate(self):
         c, t0 = self.c, time.time()
         self.check_finite()
         losses = self.estimate_loss()
         entry = dict(iter=self.iter_num, tokens=self.iter_num * self.tokens_per_iter, train_loss=losses['train'],
                      val_loss=losses['val'])
+        if self.iter_num >= c['max_iters'] or c['eval_only']:
+            entry['val_loss_full'] = self.full_val_loss()
         if self.master and c['diagnostics']:
             self.raw_model.eval()
             with self.dev.ctx:
                 entry['diagnostics'] = self.raw_model.diagnostics(self.diag_x)
             self.raw_model.train()
         if self.master:
-            print(f"iter {self.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            full = f", full val loss {entry['val_loss_full']:.4f}" if 'val_loss_full' in entry else ""
+            print(f"iter {self.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{full}")
             self.log(**entry)
         if not math.isfinite(losses['val']):
             raise UserError(f"val loss is non-finite at iter {self.iter_num}; the checkpoints in {c['out_dir']} are untouched")

@@ -1,8 +1,9 @@
-# Reduced model with the saved weights given back to a wider MLP: 3456 = 4.5 x 768 hidden
-# units, 124,373,760 parameters like the baseline, which it beats in the paper.
+# Reduced model with the saved weights given back to a wider MLP: 4.5 x n_embd hidden units
+# (3456 at n_embd 768, the paper's), 124,373,760 parameters like the baseline, which it beats
+# in the paper. Written against n_embd so it stays parameter-matched at any width.
 out_dir = 'out-reduced-mlp'
 wandb_run_name = 'reduced-mlp'
-query_identity = True
-attn_scale = 1 / 16
+query = 'identity'
+attn_scale = 1 / (2 * (n_embd // n_head) ** 0.5)
 weight_decay = 2 ** -5
-mlp_hidden = 3456
+mlp_hidden = 4 * n_embd + n_embd // 2

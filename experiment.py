@@ -1,0 +1,426 @@
+"""
+The experiment of docs/experiments.md, as a runner that can be stopped and continued anywhere:
+
+    python experiment.py                     # run what is left, `jobs` at a time; finished runs are skipped
+    python experiment.py --status=True       # what is done, what would run next, what waits on earlier runs
+    python experiment.py --report=True       # rewrite the docs' tables and figures from the committed logs
+
+The design below is the one the docs state. Arms are config files (config/<arm>.py): a run
+takes the model settings an arm's file makes, evaluated at this experiment's geometry, so a
+variant is defined once. Tuning runs on a selection seed that no test uses: weight decay first
+at the starting LR, then LR at the best weight decay, each optimum bracketed (a best value on
+a grid's edge adds the next one outward). Then every arm at its own selected settings on fresh
+paired seeds (seed = data_seed), the trend over budgets and the init-geometry check.
+
+A run trains in out-<name>/<run>/ (checkpoints, stdout); once it has finished, its log.jsonl
+and config.json are copied to experiments/<name>/<run>/, which is what is committed and what
+every table is computed from. A run whose committed log is complete is never run again.
+"""
+import fcntl
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from common import UserError, parse_config, read_json, read_jsonl, run_config_file, run_main, write_text
+import report
+import train
+
+DEFAULTS = dict(
+    jobs=1,  # runs at a time; each gets cores // jobs threads (see docs/experiments.md for the measured rate)
+    status=False,  # only list the runs and their state
+    report=False,  # only regenerate the docs' tables and figures from experiments/<name>/
+    dry=False,  # with the runner: print the commands it would start, start nothing
+    root='experiments',  # committed logs: <root>/<name>/<run>/{log.jsonl,config.json}
+    docs='docs/experiments.md',  # the write-up whose generated blocks --report rewrites
+)
+
+# -----------------------------------------------------------------------------
+# the design (docs/experiments.md states it and why; change it there first)
+NAME = 'verdict'
+BASE = ('config/small.py', 'config/repro.py')  # the scaled-down setting every run starts from
+ARMS = ('baseline', 'reduced', 'reduced_mlp', 'nonlinear')  # config/<arm>.py, the reference first
+SELECTION_SEED = 100  # tuning only
+TEST_SEEDS = (101, 102, 103, 104, 105, 106)  # never used for tuning, nor by an earlier experiment
+LR_START, LR_GRID, LR_STEP = 2e-3, (1e-3, 2e-3, 4e-3), 2.0
+WD_GRID, WD_STEP = (0.0, 2 ** -5, 0.1), 10 ** 0.5
+MAX_EXTENSIONS = 3  # bracket steps outward at most, per search
+TREND_ARMS, TREND_BUDGETS, TREND_SEEDS = ('baseline', 'reduced'), (0.25, 0.5), TEST_SEEDS[:4]
+GEOMETRY_ARMS, GEOMETRY_SEEDS = ('baseline', 'reduced'), TEST_SEEDS[:4]
+GEOMETRY_STD = round(0.02 * math.sqrt(768 / 128), 4)  # sigma * sqrt(d) of GPT-2 small at d = 128: 0.049
+MARGIN = 0.3  # % of loss: the smallest effect of interest ("matches" = within it, by two one-sided tests)
+
+
+@dataclass(frozen=True)
+class Run:
+    arm: str
+    lr: float
+    wd: float
+    seed: int
+    budget: float = 1.0  # a fraction of the base run's steps, with the same schedule shape
+    init_std: float = None  # None: the model's default (0.02)
+
+    @property
+    def name(self):
+        extra = (f"_b{self.budget:g}" if self.budget != 1 else "") + (f"_std{self.init_std:g}" if self.init_std else "")
+        return f"{self.arm}_lr{self.lr:g}_wd{self.wd:g}_s{self.seed}{extra}"
+
+
+def outward(x, grid, step):
+    """The next grid value past x outward, rounded to 3 significant digits; None below 0's edge."""
+    if x == max(grid):
+        return float(f"{x * step:.3g}")
+    return float(f"{x / step:.3g}") if x > 0 else None
+
+
+def bracket(losses, step):
+    """The value to try next so that the best one is interior, or None once it is (or when it sits
+    on 0, the edge of weight decay's domain). losses: {value: final loss}, inf for a diverged run."""
+    best = min(losses, key=losses.get)
+    if min(losses) < best < max(losses):
+        return None
+    return outward(best, losses, step)
+
+
+def search(make, grid, step, results):
+    """(runs named so far, the best value or None while one is missing); make(value) is the run at
+    a value. The grid is extended by the bracket rule, at most MAX_EXTENSIONS times."""
+    values = list(grid)
+    while True:
+        losses = {v: results.get(make(v).name) for v in values}
+        if None in losses.values():
+            return [make(v) for v in values], None
+        nxt = bracket(losses, step)
+        if nxt is None or len(values) - len(grid) >= MAX_EXTENSIONS:
+            return [make(v) for v in values], min(losses, key=losses.get)
+        values.append(nxt)
+
+
+def tune(arm, results):
+    """(tuning runs named so far, (lr, wd) selected or None): weight decay at LR_START, then LR."""
+    wd_runs, wd = search(lambda v: Run(arm, LR_START, v, SELECTION_SEED), WD_GRID, WD_STEP, results)
+    if wd is None:
+        return wd_runs, None
+    lr_runs, lr = search(lambda v: Run(arm, v, wd, SELECTION_SEED), LR_GRID, LR_STEP, results)
+    runs = wd_runs + [r for r in lr_runs if r not in wd_runs]
+    return runs, (None if lr is None else (lr, wd))
+
+
+def plan(results):
+    """{phase: [runs]} of every run the design names given the results so far, and the arms
+    whose later phases wait on their tuning."""
+    phases = dict(tuning=[], test=[], trend=[], geometry=[])
+    waiting = []
+    for arm in ARMS:
+        runs, chosen = tune(arm, results)
+        phases['tuning'] += runs
+        if chosen is None:
+            waiting.append(arm)
+            continue
+        lr, wd = chosen
+        phases['test'] += [Run(arm, lr, wd, s) for s in TEST_SEEDS]
+        if arm in TREND_ARMS:
+            phases['trend'] += [Run(arm, lr, wd, s, budget=b) for b in TREND_BUDGETS for s in TREND_SEEDS]
+        if arm in GEOMETRY_ARMS:
+            phases['geometry'] += [Run(arm, lr, wd, s, init_std=GEOMETRY_STD) for s in GEOMETRY_SEEDS]
+    return phases, waiting
+
+
+# -----------------------------------------------------------------------------
+# runs on disk
+
+def base_config():
+    return parse_config(train.DEFAULTS, list(BASE))
+
+
+def arm_settings(arm, base):
+    """The model settings config/<arm>.py makes at the base geometry: the one definition of a variant."""
+    made = run_config_file(os.path.join('config', f'{arm}.py'), base)
+    return {k: v for k, v in made.items() if k in train.MODEL_KEYS}
+
+
+def command(run, base, work):
+    b = run.budget
+    args = [*BASE, *(f'--{k}={v!r}' for k, v in arm_settings(run.arm, base).items()),
+            f'--learning_rate={run.lr!r}', f'--min_lr={run.lr / 10!r}', f'--weight_decay={run.wd!r}',
+            f'--seed={run.seed}', f'--data_seed={run.seed}', f'--out_dir={work}']
+    if b != 1:
+        args += [f"--{k}={max(1, round(base[k] * b))}" for k in ('max_iters', 'warmup_iters', 'lr_decay_iters')]
+    if run.init_std:
+        args.append(f'--init_std={run.init_std!r}')
+    init = 'resume' if os.path.exists(os.path.join(work, 'ckpt.pt')) else 'scratch'
+    return [sys.executable, 'train.py', *args, f'--init_from={init}']
+
+
+def final_loss(folder):
+    """The full val loss of a committed run, inf for a diverged one, None if it is not there."""
+    if os.path.exists(os.path.join(folder, 'diverged.txt')):
+        return math.inf
+    if not train.run_finished(folder):
+        return None
+    return next(e['val_loss_full'] for e in reversed(read_jsonl(os.path.join(folder, 'log.jsonl')))
+                if 'val_loss_full' in e)
+
+
+def committed_results(root):
+    folder = os.path.join(root, NAME)
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    results = {n: final_loss(os.path.join(folder, n)) for n in names}
+    return {n: v for n, v in results.items() if v is not None}
+
+
+def commit_run(work, dest, error):
+    """Copy a finished run's log and config, with a divergence's one-line error, into the committed
+    folder; 'finished', 'diverged', or None for a run that stopped early (it resumes next time)."""
+    diverged = 'non-finite' in error
+    if not (train.run_finished(work) or diverged):
+        return None
+    os.makedirs(dest, exist_ok=True)
+    for f in ('config.json', 'log.jsonl'):
+        if os.path.exists(os.path.join(work, f)):
+            with open(os.path.join(work, f)) as src:
+                write_text(os.path.join(dest, f), src.read())
+    if diverged:
+        write_text(os.path.join(dest, 'diverged.txt'), error.strip() + '\n')
+    return 'diverged' if diverged else 'finished'
+
+
+# -----------------------------------------------------------------------------
+# the write-up: tables (and figures) from the committed logs alone
+
+def pct(x):
+    return f"{x:+.2f}%"
+
+
+def fmt_p(p):
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.0e}"
+
+
+def tuning_block(results):
+    rows = ["| arm | peak LR | weight decay | full val loss | |", "|---|---|---|---|---|"]
+    for arm in ARMS:
+        runs, chosen = tune(arm, results)
+        for r in runs:
+            loss = results.get(r.name)
+            mark = "**selected**" if chosen == (r.lr, r.wd) else ""
+            rows.append(f"| {arm} | {r.lr:g} | {r.wd:g} | {'-' if loss is None else f'{loss:.4f}'} | {mark} |")
+        if chosen is not None:
+            lrs, wds = {r.lr for r in runs if r.wd == chosen[1]}, {r.wd for r in runs if r.lr == LR_START}
+            edges = [n for n, v, grid in (('LR', chosen[0], lrs), ('weight decay', chosen[1], wds))
+                     if v in (min(grid), max(grid)) and v != 0]
+            rows.append(f"| {arm} | | | | {'on the edge: ' + ', '.join(edges) if edges else 'bracketed'} |")
+    return '\n'.join(rows) + '\n'
+
+
+def gaps_of(results, ref_runs, runs):
+    """{seed: paired gap in %} for the seeds both have."""
+    ref = {r.seed: results.get(r.name) for r in ref_runs}
+    return {r.seed: 100 * (results[r.name] - ref[r.seed]) / ref[r.seed]
+            for r in runs if results.get(r.name) is not None and ref.get(r.seed) is not None}
+
+
+def verdict_block(results, phases):
+    test = {arm: [r for r in phases['test'] if r.arm == arm] for arm in ARMS}
+    if not all(test.values()):
+        return "Not yet: the test runs are named once every arm's tuning has finished.\n"
+    ref = test[ARMS[0]]
+    gap_sets = [gaps_of(results, ref, test[arm]) for arm in ARMS[1:]]
+    if any(len(g) < len(TEST_SEEDS) for g in gap_sets):
+        done = sum(results.get(r.name) is not None for runs in test.values() for r in runs)
+        return f"Not yet: {done} of {sum(map(len, test.values()))} test runs have finished.\n"
+    stats = report.compare([list(g.values()) for g in gap_sets], MARGIN)
+    rows = ["| arm | peak LR | weight decay | full val loss, mean ± sd | paired gap, mean ± sd | interval (level) "
+            "| t p (Holm) | sign-flip p | TOST ±0.3% p (Holm) | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for arm in ARMS:
+        losses = [results[r.name] for r in test[arm]]
+        m, sd = report.mean_sd(losses)
+        head = f"| {arm} | {test[arm][0].lr:g} | {test[arm][0].wd:g} | {m:.4f} ± {sd:.4f} ({100 * sd / m:.2f}%) |"
+        if arm == ARMS[0]:
+            rows.append(head + " (reference) | | | | | |")
+            continue
+        s = stats[ARMS.index(arm) - 1]
+        flag = " (t and sign-flip disagree at 0.05)" if s['flag'] else ""
+        rows.append(f"{head} {pct(s['mean'])} ± {s['sd']:.2f}% | [{pct(s['mean'] - s['half'])}, "
+                    f"{pct(s['mean'] + s['half'])}] ({100 * s['level']:.1f}%) | {fmt_p(s['p_t'])} ({fmt_p(s['p_t_holm'])}) "
+                    f"| {fmt_p(s['p_perm'])} | {fmt_p(s['p_tost'])} ({fmt_p(s['p_tost_holm'])}) | **{s['verdict']}**{flag} |")
+    return '\n'.join(rows) + '\n'
+
+
+def seed_slopes(results, phases):
+    """Per test seed: [(tokens, gap %)] over the budgets, and the least-squares slope per doubling."""
+    base = base_config()
+    tokens_full = base['max_iters'] * base['batch_size'] * base['block_size'] * base['gradient_accumulation_steps']
+    series = {}
+    for b in (*TREND_BUDGETS, 1.0):
+        pick = [r for r in phases['trend'] + phases['test'] if r.budget == b and r.seed in TREND_SEEDS]
+        gaps = gaps_of(results, [r for r in pick if r.arm == TREND_ARMS[0]], [r for r in pick if r.arm == TREND_ARMS[1]])
+        for seed, g in gaps.items():
+            series.setdefault(seed, []).append((round(tokens_full * b), g))
+    slopes = {}
+    for seed, points in series.items():
+        if len(points) == len(TREND_BUDGETS) + 1:
+            xs = [math.log2(t) for t, _ in points]
+            mx, my = sum(xs) / len(xs), sum(g for _, g in points) / len(points)
+            slopes[seed] = sum((x - mx) * (g - my) for x, (_, g) in zip(xs, points)) / sum((x - mx) ** 2 for x in xs)
+    return series, slopes
+
+
+def interval95(values):
+    m, sd = report.mean_sd(values)
+    half = report.t_quantile(0.975, len(values) - 1) * sd / len(values) ** 0.5
+    return m, m - half, m + half
+
+
+def trend_block(results, phases):
+    series, slopes = seed_slopes(results, phases)
+    if len(slopes) < len(TREND_SEEDS):
+        return f"Not yet: {len(slopes)} of {len(TREND_SEEDS)} seeds have all three budgets.\n"
+    rows = [f"| tokens | paired gap {TREND_ARMS[1]} − {TREND_ARMS[0]}, mean [95% interval] |", "|---|---|"]
+    for i, (tokens, _) in enumerate(series[TREND_SEEDS[0]]):
+        m, lo, hi = interval95([series[s][i][1] for s in TREND_SEEDS])
+        rows.append(f"| {tokens:,} | {pct(m)} [{pct(lo)}, {pct(hi)}] |")
+    m, lo, hi = interval95(list(slopes.values()))
+    rows.append(f"| slope per doubling of tokens | {pct(m)} [{pct(lo)}, {pct(hi)}] |")
+    return '\n'.join(rows) + '\n'
+
+
+def geometry_block(results, phases):
+    geo = phases['geometry']
+    pick = lambda runs, arm: [r for r in runs if r.arm == arm and r.seed in GEOMETRY_SEEDS]
+    wide = gaps_of(results, pick(geo, GEOMETRY_ARMS[0]), pick(geo, GEOMETRY_ARMS[1]))
+    std = gaps_of(results, pick(phases['test'], GEOMETRY_ARMS[0]), pick(phases['test'], GEOMETRY_ARMS[1]))
+    if len(wide) < len(GEOMETRY_SEEDS) or len(std) < len(GEOMETRY_SEEDS):
+        return f"Not yet: {len(wide)} of {len(GEOMETRY_SEEDS)} seeds at init_std {GEOMETRY_STD:g}.\n"
+    rows = [f"| init_std | σ·√d | paired gap {GEOMETRY_ARMS[1]} − {GEOMETRY_ARMS[0]}, mean [95% interval] |", "|---|---|---|"]
+    for std_value, gaps in ((0.02, std), (GEOMETRY_STD, wide)):
+        m, lo, hi = interval95(list(gaps.values()))
+        rows.append(f"| {std_value:g} | {std_value * 128 ** 0.5:.2f} | {pct(m)} [{pct(lo)}, {pct(hi)}] |")
+    m, lo, hi = interval95([wide[s] - std[s] for s in GEOMETRY_SEEDS])
+    word = "depends on the init geometry" if lo > 0 or hi < 0 else "no dependence on the init geometry detected"
+    rows.append(f"| difference | | {pct(m)} [{pct(lo)}, {pct(hi)}]: **{word}** |")
+    return '\n'.join(rows) + '\n'
+
+
+def blocks(root):
+    """{block name: markdown} for every generated block of the docs, from the committed logs."""
+    results = committed_results(root)
+    phases, _ = plan(results)
+    return dict(tuning=tuning_block(results), verdict=verdict_block(results, phases),
+                trend=trend_block(results, phases), geometry=geometry_block(results, phases))
+
+
+BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
+
+
+def fill(text, made):
+    """The docs' text with each generated block replaced by its new content."""
+    return BLOCK.sub(lambda m: m.group(1) + made[m.group(2)] + m.group(4), text)
+
+
+def write_report(c):
+    with open(c['docs']) as f:
+        text = f.read()
+    made = blocks(c['root'])
+    write_text(c['docs'], fill(text, made))
+    print(f"wrote {len(made)} blocks into {c['docs']}")
+    for name, md in made.items():
+        print(f"\n{name}:\n{md}", end='')
+    return made
+
+
+# -----------------------------------------------------------------------------
+# the runner
+
+def pending(root):
+    """(runs to start, in plan order, not yet committed; phases; arms waiting; results)."""
+    results = committed_results(root)
+    phases, waiting = plan(results)
+    todo = [r for runs in phases.values() for r in runs if r.name not in results]
+    return list(dict.fromkeys(todo)), phases, waiting, results
+
+
+def start(run, c, base):
+    work = os.path.join(f'out-{NAME}', run.name)
+    os.makedirs(work, exist_ok=True)
+    cmd = command(run, base, work)
+    print(f"{time.strftime('%H:%M:%S')} start {run.name}", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // c['jobs'])))
+    out = open(os.path.join(work, 'stdout.txt'), 'a')
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env), work, out
+
+
+def finish(run, proc, work, out, root):
+    error = proc.stderr.read()
+    out.close()
+    state = commit_run(work, os.path.join(root, NAME, run.name), error)
+    tail = error.strip().splitlines()[-1] if error.strip() else f"exit code {proc.returncode}"
+    print(f"{time.strftime('%H:%M:%S')} {state or 'stopped'} {run.name}" + ("" if state == 'finished' else f": {tail}"),
+          flush=True)
+    return state
+
+
+def run_all(c):
+    """Start runs as slots free up, re-planning after each one (a finished tuning run can name the
+    next); a run that stops without finishing is not retried in this invocation."""
+    base, running, stopped = base_config(), {}, set()
+    while True:
+        todo, _, waiting, _ = pending(c['root'])
+        todo = [r for r in todo if r not in running and r not in stopped]
+        while todo and len(running) < c['jobs']:
+            run = todo.pop(0)
+            running[run] = start(run, c, base)
+        if not running:
+            print("nothing left to run" if not waiting and not stopped else
+                  f"stopped: {len(stopped)} run(s) did not finish; run again to resume them")
+            return
+        time.sleep(2)
+        for run, (proc, work, out) in list(running.items()):
+            if proc.poll() is not None:
+                del running[run]
+                if finish(run, proc, work, out, c['root']) is None:
+                    stopped.add(run)
+
+
+def status(c):
+    todo, phases, waiting, results = pending(c['root'])
+    base = base_config()
+    for phase, runs in phases.items():
+        done = sum(r.name in results for r in dict.fromkeys(runs))
+        print(f"{phase}: {done} of {len(set(runs))} named runs done")
+    if waiting:
+        print(f"waiting on tuning: {', '.join(waiting)} (their test, trend and geometry runs are named once it ends)")
+    print(f"to run now: {len(todo)}" + ("" if todo else " (nothing left to run)" if not waiting else ""))
+    for run in todo:
+        print(f"  {run.name}" + ("" if not c['dry'] else
+                                 "\n    " + ' '.join(command(run, base, os.path.join(f'out-{NAME}', run.name))[1:])))
+    return todo
+
+
+def lock(root):
+    os.makedirs(root, exist_ok=True)
+    f = open(os.path.join(root, '.runner.lock'), 'a')
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise UserError(f"another experiment.py is running on {root}: wait for it or stop it") from None
+    return f
+
+
+def main(argv=None):
+    c = parse_config(DEFAULTS, argv)
+    if c['jobs'] < 1:
+        raise UserError(f"jobs must be at least 1, got {c['jobs']}")
+    if c['report']:
+        return write_report(c)
+    if c['status'] or c['dry']:
+        return status(c)
+    with lock(c['root']):
+        run_all(c)
+
+
+if __name__ == '__main__':
+    run_main(main)

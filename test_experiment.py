@@ -1,0 +1,230 @@
+"""The experiment's statistics, its design logic, its runner, and the docs' tables against the committed logs."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import common
+import experiment as E
+import report
+import train
+from model import GPT
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def t_pdf(x, df):
+    return math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi) * (1 + x * x / df) ** (-(df + 1) / 2)
+
+
+def t_cdf_by_quadrature(t, df, n=4000):
+    """An independent P(T <= t): Simpson's rule on the density from 0 to |t|."""
+    h, x = abs(t) / n, abs(t)
+    area = (t_pdf(0, df) + t_pdf(x, df) + sum((4 if i % 2 else 2) * t_pdf(i * h, df) for i in range(1, n))) * h / 3
+    return 0.5 + math.copysign(area, t)
+
+
+# -----------------------------------------------------------------------------
+# statistics
+
+@pytest.mark.parametrize('df,quantile', [(5, 2.570582), (30, 2.042272), (1, 12.706205), (200, 1.971896)])
+def test_t_quantile_for_any_degrees_of_freedom(df, quantile):
+    assert report.t_quantile(0.975, df) == pytest.approx(quantile, abs=2e-6)
+    assert report.t_quantile(0.025, df) == pytest.approx(-quantile, abs=2e-6)
+
+
+@pytest.mark.parametrize('t,df', [(0.3, 5), (-1.7, 5), (2.9, 30), (4.0, 2)])
+def test_t_cdf_matches_quadrature(t, df):
+    assert report.t_cdf(t, df) == pytest.approx(t_cdf_by_quadrature(t, df), abs=1e-9)
+
+
+def test_sign_flip_p_counts_the_patterns():
+    assert report.sign_flip_p([1, 2, 3, 4, 5, 6]) == 2 / 64  # only all-plus and all-minus reach |sum| 21
+    assert report.sign_flip_p([3, 1, 1]) == 2 / 8  # sums 5, 3, 3, 1, -1, -3, -3, -5
+    assert report.sign_flip_p([3, -1, 1]) == 6 / 8  # observed |sum| 3: every pattern but (+1, +1) flipped pairs
+    assert report.sign_flip_p([1, -1, 1, -1]) == 1.0
+
+
+def test_holm_adjusts_step_down_and_stays_monotone():
+    assert report.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert report.holm([0.001, 0.5]) == pytest.approx([0.002, 0.5])
+    assert report.holm([0.02, 0.021, 0.5]) == pytest.approx([0.06, 0.06, 0.5])  # the second step cannot undercut the first
+    assert report.holm([0.4, 0.9]) == pytest.approx([0.8, 0.9])
+
+
+def test_two_one_sided_tests_against_quadrature():
+    gaps = [0.1, -0.1, 0.05, 0.0, 0.02, -0.03]
+    mean, sd = np.mean(gaps), np.std(gaps, ddof=1)
+    se = sd / math.sqrt(6)
+    upper = t_cdf_by_quadrature((mean - 0.3) / se, 5)  # H0: gap >= +0.3
+    lower = 1 - t_cdf_by_quadrature((mean + 0.3) / se, 5)  # H0: gap <= -0.3
+    assert report.tost_p(gaps, 0.3) == pytest.approx(max(upper, lower), rel=1e-6)
+    assert report.tost_p([0.25, 0.35, 0.3, 0.28, 0.32, 0.3], 0.3) > 0.4  # centred on the margin: not within it
+
+
+def test_decision_rule_with_holm_across_comparisons():
+    better = [-0.3, -0.4, -0.35, -0.2, -0.5, -0.3]
+    within = [0.1, -0.1, 0.05, 0.0, 0.02, -0.03]
+    wide = [1.0, -1.0, 2.0, -2.0, 0.5, 0.1]
+    r = report.compare([better, within, wide])
+    assert [x['verdict'] for x in r] == ['better', 'matches', 'could not tell']
+    assert [x['level'] for x in r] == pytest.approx([1 - 0.05 / 3, 1 - 0.05 / 2, 0.95])
+    assert r[0]['half'] == pytest.approx(report.t_quantile(1 - 0.05 / 6, 5) * np.std(better, ddof=1) / math.sqrt(6))
+    assert r[0]['p_perm'] == 2 / 64 and not r[0]['flag']
+    assert report.compare([[-x for x in better]])[0]['verdict'] == 'worse'
+    # significant alone (p ~ 0.03), not after Holm across three with two that are far from it
+    marginal = [-0.1, -0.25, -0.05, -0.3, -0.15, 0.0]
+    alone = report.compare([marginal])[0]
+    assert alone['p_t'] == pytest.approx(0.0302, abs=1e-4) and alone['verdict'] == 'better'
+    assert alone['p_perm'] == 4 / 64 and alone['flag']  # the sign-flip test does not agree at 0.05: flagged
+    assert report.compare([marginal, wide, wide])[0]['verdict'] != 'better'
+
+
+# -----------------------------------------------------------------------------
+# the design's logic
+
+def test_bracket_rule():
+    assert E.bracket({1e-3: 2.0, 2e-3: 1.9, 4e-3: 1.8}, 2.0) == 8e-3  # best on the upper edge: one step out
+    assert E.bracket({1e-3: 1.8, 2e-3: 1.9, 4e-3: 2.0}, 2.0) == 5e-4  # lower edge
+    assert E.bracket({1e-3: 2.0, 2e-3: 1.8, 4e-3: 2.0}, 2.0) is None  # interior
+    assert E.bracket({1e-3: 2.0, 2e-3: 1.9, 4e-3: math.inf}, 2.0) is None  # a diverged run is the worst
+    assert E.bracket({0.0: 1.8, 2 ** -5: 1.9, 0.1: 2.0}, 10 ** 0.5) is None  # 0 is weight decay's edge
+    assert E.bracket({0.0: 2.0, 2 ** -5: 1.9, 0.1: 1.8}, 10 ** 0.5) == 0.316
+
+
+def test_tuning_extends_until_bracketed_then_names_the_test(monkeypatch):
+    monkeypatch.setattr(E, 'ARMS', ('baseline',))
+    results = {}
+    losses = {0.0: 2.0, 2 ** -5: 1.9, 0.1: 1.8, 0.316: 1.85}  # weight decay: best at 0.1 once 0.316 is tried
+    runs, chosen = E.tune('baseline', results)
+    assert [r.wd for r in runs] == [0.0, 2 ** -5, 0.1] and chosen is None
+    results.update({r.name: losses[r.wd] for r in runs})
+    runs, chosen = E.tune('baseline', results)
+    assert runs[-1].wd == 0.316 and chosen is None
+    results[runs[-1].name] = losses[0.316]
+    runs, chosen = E.tune('baseline', results)  # now LR at wd 0.1: 1e-3 and 4e-3 (2e-3 is done)
+    assert [(r.lr, r.wd) for r in runs[4:]] == [(1e-3, 0.1), (4e-3, 0.1)] and chosen is None
+    for r, loss in zip(runs[4:], (1.9, 1.7)):
+        results[r.name] = loss
+    runs, chosen = E.tune('baseline', results)
+    assert runs[-1].lr == 8e-3
+    results[runs[-1].name] = math.inf  # diverged: 4e-3 is interior
+    phases, waiting = E.plan(results)
+    assert E.tune('baseline', results)[1] == (4e-3, 0.1) and not waiting
+    assert [r.seed for r in phases['test']] == list(E.TEST_SEEDS)
+    assert not set(E.TEST_SEEDS) & {E.SELECTION_SEED}
+    assert {r.budget for r in phases['trend']} == set(E.TREND_BUDGETS)
+    assert {r.init_std for r in phases['geometry']} == {E.GEOMETRY_STD} and E.GEOMETRY_STD == 0.049
+
+
+def test_arms_come_from_their_config_files_at_the_experiment_geometry():
+    base = E.base_config()
+    assert E.arm_settings('baseline', base) == {}
+    assert E.arm_settings('reduced', base) == dict(query='identity', attn_scale=1 / 16)
+    assert E.arm_settings('reduced_mlp', base) == dict(query='identity', attn_scale=1 / 16, mlp_hidden=576)
+    assert E.arm_settings('nonlinear', base) == dict(query='nonlinear', query_mix=1.0, attn_scale=1 / 16)
+    run = E.Run('reduced_mlp', 4e-3, 0.1, 101, budget=0.25, init_std=0.049)
+    cmd = E.command(run, base, 'out-x/r')
+    assert run.name == 'reduced_mlp_lr0.004_wd0.1_s101_b0.25_std0.049'
+    c = common.parse_config(train.DEFAULTS, cmd[2:])
+    assert (c['max_iters'], c['warmup_iters'], c['lr_decay_iters']) == (300, 6, 1715)  # the same schedule shape
+    assert (c['mlp_hidden'], c['learning_rate'], c['min_lr'], c['weight_decay']) == (576, 4e-3, 4e-4, 0.1)
+    assert (c['seed'], c['data_seed'], c['init_std'], c['n_head'], c['init_from']) == (101, 101, 0.049, 2, 'scratch')
+
+
+def test_followup_configs_state_its_protocol():
+    for name, lr, wd, min_lr in (('nonlinear', 2.4e-3, 2 ** -5, 3e-5), ('baseline_followup', 6e-4, 0.1, 6e-5)):
+        c = common.parse_config(train.DEFAULTS, [f'config/{name}.py'])
+        assert (c['max_iters'], c['lr_decay_iters'], c['warmup_iters']) == (60002, 60002, 2000)  # a full cosine
+        assert (c['learning_rate'], c['weight_decay'], c['min_lr']) == (lr, wd, min_lr)
+        assert train.lr_at(60002, c) == pytest.approx(min_lr)
+        assert 'beyond_query_linearity' in open(f'config/{name}.py').read()
+    c = common.parse_config(train.DEFAULTS, ['config/nonlinear.py'])
+    assert (c['query'], c['query_mix'], c['attn_scale']) == ('nonlinear', 1.0, 1 / 16)
+
+
+# -----------------------------------------------------------------------------
+# the full val loss, the runner and the committed logs
+
+def test_full_val_loss_is_every_val_token_once(data_root, tmp_path):
+    out = tmp_path / 'run'
+    train.main(['config/small.py', f'--data_root={data_root}', '--dataset=tiny', f'--out_dir={out}', '--max_iters=2',
+                '--n_layer=1', '--block_size=32', '--batch_size=4', '--eval_interval=2', '--eval_iters=1'])
+    final = [e for e in common.read_jsonl(out / 'log.jsonl') if 'val_loss' in e][-1]
+    model = GPT.from_checkpoint(common.load_checkpoint(str(out / 'ckpt.pt')), verbose=False).eval()
+    tokens = torch.from_numpy(np.fromfile(os.path.join(data_root, 'tiny', 'val.bin'), dtype=np.uint16).astype(np.int64))
+    total = 0.0
+    with torch.no_grad():  # one window at a time, by hand: every target once
+        for i in range(0, len(tokens) - 1, 32):
+            x, y = tokens[i:i + 32][None], tokens[i + 1:i + 33][None]
+            x = x[:, :y.size(1)]
+            logits, _ = model(x, y)
+            total += torch.nn.functional.cross_entropy(logits[0].double(), y[0], reduction='sum').item()
+    assert final['val_loss_full'] == pytest.approx(total / (len(tokens) - 1), rel=1e-6)
+    assert all('val_loss_full' not in e for e in common.read_jsonl(out / 'log.jsonl') if e['iter'] < 2)
+    saved = json.loads((out / 'config.json').read_text())
+    assert saved['params'] == model.get_num_params() and saved['model_args']['n_layer'] == 1
+
+
+def fake_committed(root, run, loss):
+    folder = os.path.join(root, E.NAME, run.name)
+    os.makedirs(folder)
+    with open(os.path.join(folder, 'config.json'), 'w') as f:
+        json.dump(dict(max_iters=10, seed=run.seed), f)
+    with open(os.path.join(folder, 'log.jsonl'), 'w') as f:
+        f.write(json.dumps(dict(iter=10, val_loss=loss, val_loss_full=loss)) + '\n')
+
+
+def test_runner_runs_commits_and_skips(data_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(HERE)
+    tiny = ('--n_layer=1', '--block_size=32', '--batch_size=2', '--eval_iters=1', f'--data_root={data_root}',
+            '--dataset=tiny', '--max_iters=3', '--eval_interval=3')
+    monkeypatch.setattr(E, 'base_config', lambda: common.parse_config(train.DEFAULTS, [*E.BASE, *tiny]))
+    real_command = E.command
+    monkeypatch.setattr(E, 'command', lambda run, base, work: real_command(run, base, work) + list(tiny))
+    monkeypatch.setattr(E, 'ARMS', ('baseline', 'reduced'))
+    monkeypatch.setattr(E, 'WD_GRID', (0.1,))
+    monkeypatch.setattr(E, 'LR_GRID', (2e-3,))
+    monkeypatch.setattr(E, 'MAX_EXTENSIONS', 0)
+    monkeypatch.setattr(E, 'TEST_SEEDS', ())
+    monkeypatch.setattr(E, 'TREND_SEEDS', ())
+    monkeypatch.setattr(E, 'GEOMETRY_SEEDS', ())
+    monkeypatch.setattr(E, 'NAME', f'test-{os.getpid()}')
+    root = str(tmp_path / 'experiments')
+    fake_committed(root, E.Run('baseline', 2e-3, 0.1, E.SELECTION_SEED), 2.5)  # committed earlier: skipped
+    try:
+        E.main([f'--root={root}'])
+    finally:
+        import shutil
+        shutil.rmtree(f'out-{E.NAME}', ignore_errors=True)
+    out = capsys.readouterr().out
+    assert [line.split()[1:] for line in out.splitlines() if line[:2].isdigit()] == [
+        ['start', 'reduced_lr0.002_wd0.1_s100'], ['finished', 'reduced_lr0.002_wd0.1_s100']]
+    assert 'nothing left to run' in out
+    folder = os.path.join(root, E.NAME, 'reduced_lr0.002_wd0.1_s100')
+    assert sorted(os.listdir(folder)) == ['config.json', 'log.jsonl']  # no checkpoint is committed
+    assert E.committed_results(root)['reduced_lr0.002_wd0.1_s100'] > 0
+    assert E.main([f'--root={root}', '--status=True']) == []  # nothing left: a second invocation starts nothing
+
+
+def test_a_diverged_run_is_committed_as_infinitely_bad(tmp_path):
+    work, dest = tmp_path / 'work', tmp_path / 'dest'
+    work.mkdir()
+    (work / 'log.jsonl').write_text(json.dumps(dict(iter=0, val_loss=5.0)) + '\n')
+    (work / 'config.json').write_text(json.dumps(dict(max_iters=10)))
+    assert E.commit_run(str(work), str(dest), "error: the loss became non-finite by iter 5; ...\n") == 'diverged'
+    assert E.final_loss(str(dest)) == math.inf
+    assert E.commit_run(str(work), str(tmp_path / 'other'), "interrupted\n") is None  # resumes next time
+    assert not (tmp_path / 'other').exists()
+
+
+def test_docs_tables_match_the_committed_logs():
+    """Every generated block of docs/experiments.md is what the committed logs give now."""
+    with open(os.path.join(HERE, 'docs', 'experiments.md')) as f:
+        text = f.read()
+    made = E.blocks(os.path.join(HERE, 'experiments'))
+    assert sorted(m.group(2) for m in E.BLOCK.finditer(text)) == sorted(made)
+    assert E.fill(text, made) == text, "docs/experiments.md is stale: run python experiment.py --report=True"
