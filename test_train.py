@@ -10,7 +10,7 @@ import torch
 
 import train
 import common
-from common import UserError, load_checkpoint, parse_config
+from common import UserError, load_checkpoint
 from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -85,7 +85,7 @@ def test_batches_are_matched_across_variants(data_root, tmp_path, monkeypatch):
     monkeypatch.setattr(common.Dataset, 'batch', lambda self, split, starts, *a: seen.append((split, starts.tolist())) or real(self, split, starts, *a))
     run(data_root, tmp_path / 'a', max_iters=6)
     base, seen[:] = list(seen), []
-    run(data_root, tmp_path / 'b', max_iters=6, query_identity=True, weight_decay=2 ** -5, n_layer=1, seed=7)
+    run(data_root, tmp_path / 'b', max_iters=6, query='identity', weight_decay=2 ** -5, n_layer=1, seed=7)
     # 6 steps x 2 micro-batches, plus the 2 fixed eval batches drawn from the train split
     assert seen == base and len({tuple(o) for s, o in base if s == 'train'}) == 6 * 2 + 2
     seen[:] = []
@@ -145,7 +145,11 @@ def test_nonfinite_loss_stops_and_keeps_the_good_checkpoint(data_root, tmp_path,
     assert (tmp_path / 'ckpt.pt').read_bytes() == good
 
 
-def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path):
+def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path, monkeypatch):
+    # the eager backend wraps the model exactly as inductor does (an OptimizedModule, whose state dict
+    # would carry _orig_mod.) without generating kernels: seconds instead of half a minute on a CPU
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, 'compile', lambda model, **kw: compile_(model, backend='eager', **kw))
     run(data_root, tmp_path, compile=True, max_iters=2, eval_interval=2, dropout=0.0, n_layer=1)
     ckpt = load_checkpoint(str(tmp_path / 'ckpt.pt'))
     assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])
@@ -158,7 +162,7 @@ def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path)
     (dict(batch_size='big'), 'batch_size must be int'),
     (dict(dataset='nope'), 'no prepared dataset at'),
     (dict(vocab_size=128), "vocab_size 128 is smaller than the dataset's 257"),
-    (dict(query_identity=True, key_identity=True), 'at most one of'),
+    (dict(query='identity', key_identity=True), 'at most one of'),
     (dict(block_size=10 ** 9), 'too few for block_size'),
     (dict(init_from='resume'), 'no checkpoint at'),
     (dict(dtype='float8'), 'dtype must be'),
@@ -183,13 +187,12 @@ def test_cli_errors_are_one_line(data_root, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and 'prepare.py --dataset=missing' in r.stderr
 
 
-PAPER_CONFIGS = {  # config file: (total params, attention scale, weight decay)
+PAPER_CONFIGS = {  # config file: (total params, attention scale, weight decay); the follow-up's are in test_experiment
     'baseline': (124_373_760, 1 / 8, 0.1),
     'reduced': (117_295_872, 1 / 16, 0.03125),
     'reduced_mlp': (124_373_760, 1 / 16, 0.03125),
     'baseline_small_mlp': (117_295_872, 1 / 8, 0.1),
     'baseline_small': (117_915_816, 62 ** -0.5, 0.1),
-    'nonlinear': (124_392_192, 1 / 8, 0.1),
     'residual': (124_373_760, 1 / 8, 0.1),
     'residual_gelu': (124_373_760, 1 / 8, 0.1),
     'key_identity': (117_295_872, 1 / 16, 0.03125),
@@ -199,7 +202,7 @@ PAPER_CONFIGS = {  # config file: (total params, attention scale, weight decay)
 
 @pytest.mark.parametrize('name', PAPER_CONFIGS)
 def test_paper_configs(name):
-    c = parse_config(train.DEFAULTS, [os.path.join(HERE, 'config', f'{name}.py')])
+    c = train.settings([os.path.join(HERE, 'config', f'{name}.py')])
     params, scale, wd = PAPER_CONFIGS[name]
     with torch.device('meta'):
         model = GPT(GPTConfig(**train.model_args_from(c, {'vocab_size': 50257})), verbose=False)
@@ -212,8 +215,8 @@ def test_paper_configs(name):
 
 
 def test_demo_config_parses():
-    c = parse_config(train.DEFAULTS, [os.path.join(HERE, 'config', 'demo.py')])
-    assert c['dataset'] == 'pydocs' and c['device'] == 'cpu' and c['query_identity']
+    c = train.settings([os.path.join(HERE, 'config', 'demo.py')])
+    assert c['dataset'] == 'pydocs' and c['device'] == 'cpu' and c['query'] == 'identity'
 
 
 def test_lr_schedule():
@@ -313,7 +316,18 @@ def test_second_run_on_an_out_dir_fails_and_a_killed_run_resumes_at_once(data_ro
     assert 'val_loss' in log[-1]
 
 
-def test_eta_is_logged_and_falls_and_warmup_steps_are_not_timed(data_root, tmp_path, capsys):
+class Clock:
+    """time for train.py alone: one second per reading, so step times are the same on any machine."""
+    now = 0.0
+
+    @classmethod
+    def time(cls):
+        cls.now += 1.0
+        return cls.now
+
+
+def test_eta_is_logged_and_falls_and_warmup_steps_are_not_timed(data_root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(train, 'time', Clock)
     log = [e for e in run(data_root, tmp_path, max_iters=10, eval_interval=5) if 'loss' in e]
     assert [e['dt_ms'] is None for e in log] == [True] * train.TIMING_WARMUP + [False] * (10 - train.TIMING_WARMUP)
     etas = [e['eta_s'] for e in log[train.TIMING_WARMUP:]]
@@ -370,3 +384,118 @@ def test_pydocs_is_prepared_by_the_first_run_that_needs_it(tmp_path):
     assert said == [f"no prepared pydocs in {tmp_path / 'data'}/: preparing the embedded corpus first (offline, ~10 s)"]
     meta = json.loads((tmp_path / 'data' / 'pydocs' / 'meta.json').read_text())
     assert meta['tokenizer'] == 'byte' and meta['train_tokens'] > 2_000_000
+
+
+# -----------------------------------------------------------------------------
+# never lose a finished run: no silent overwrite, init_from='auto', elastic restarts
+
+def run_files(out_dir):
+    return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir()) if p.name != '.lock'}
+
+
+def test_repeating_a_command_is_refused_and_touches_nothing(data_root, tmp_path):
+    run(data_root, tmp_path, max_iters=4, eval_interval=2)
+    before = run_files(tmp_path)
+    with pytest.raises(UserError) as e:
+        run(data_root, tmp_path, max_iters=4, eval_interval=2)
+    assert str(e.value) == (f"{tmp_path} already holds a checkpoint at iter 4: --init_from=resume continues it, "
+                            "--overwrite=True starts over (its log and checkpoints are replaced)")
+    assert run_files(tmp_path) == before
+
+
+def test_overwrite_starts_over(data_root, tmp_path):
+    run(data_root, tmp_path / 'a', max_iters=6, eval_interval=3, learning_rate=3e-2)
+    log = run(data_root, tmp_path / 'a', max_iters=4, eval_interval=2, overwrite=True)
+    fresh = run(data_root, tmp_path / 'b', max_iters=4, eval_interval=2)
+    assert losses(log) == losses(fresh)  # no line of the first run is left
+    assert_same_state(final_state(tmp_path / 'a'), final_state(tmp_path / 'b'))
+
+
+def test_auto_starts_from_scratch_then_resumes_exactly(data_root, tmp_path, capsys):
+    log = run(data_root, tmp_path / 'auto', init_from='auto', max_iters=10)
+    assert log[0]['iter'] == 0 and 'no checkpoint in' in capsys.readouterr().out
+    log = run(data_root, tmp_path / 'auto', init_from='auto', max_iters=20)
+    assert 'resuming from' in capsys.readouterr().out
+    straight = run(data_root, tmp_path / 'straight', max_iters=20)
+    assert losses(log) == losses(straight)
+    assert_same_state(final_state(tmp_path / 'auto'), final_state(tmp_path / 'straight'))
+
+
+def test_resume_on_other_data_is_refused(data_root, tmp_path):
+    run(data_root, tmp_path / 'run', max_iters=2, eval_interval=2)
+    other = tmp_path / 'data' / 'tiny'
+    other.mkdir(parents=True)
+    meta = json.loads(open(os.path.join(data_root, 'tiny', 'meta.json')).read())
+    data = open(os.path.join(data_root, 'tiny', 'train.bin'), 'rb').read()
+    (other / 'train.bin').write_bytes(data[:len(data) // 2])  # re-prepared: fewer training tokens
+    (other / 'val.bin').write_bytes(open(os.path.join(data_root, 'tiny', 'val.bin'), 'rb').read())
+    (other / 'meta.json').write_text(json.dumps(dict(meta, train_tokens=meta['train_tokens'] // 2)))
+    with pytest.raises(UserError, match=rf"ckpt.pt was trained on other data than {tmp_path / 'data'}/tiny "
+                                        rf"\(train_tokens {meta['train_tokens']} != {meta['train_tokens'] // 2}\)"):
+        run(str(tmp_path / 'data'), tmp_path / 'run', init_from='auto', max_iters=4)
+
+
+def test_a_truncated_checkpoint_is_one_line_and_not_replaced_by_scratch(data_root, tmp_path):
+    run(data_root, tmp_path, max_iters=2, eval_interval=2)
+    good = (tmp_path / 'ckpt.pt').read_bytes()
+    (tmp_path / 'ckpt.pt').write_bytes(good[:len(good) // 2])
+    for init in ('auto', 'resume'):
+        with pytest.raises(UserError, match=rf"^cannot read checkpoint {tmp_path}/ckpt.pt: .*\(corrupt, truncated"):
+            run(data_root, tmp_path, init_from=init, max_iters=4)
+    with pytest.raises(UserError, match='already holds a checkpoint \\(unreadable\\)'):
+        run(data_root, tmp_path, max_iters=4)
+    assert (tmp_path / 'ckpt.pt').read_bytes() == good[:len(good) // 2]
+
+
+def children(pid):
+    """The pids whose parent is pid (the workers torchrun starts)."""
+    found = []
+    for entry in os.listdir('/proc'):
+        try:
+            with open(f'/proc/{entry}/stat') as f:
+                if entry.isdigit() and int(f.read().rsplit(')', 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_by_torchrun_and_costs_nothing(data_root, tmp_path):
+    """torchrun --max-restarts=1 reruns the same command after a worker is SIGKILLed; init_from='auto'
+    resumes from the last checkpoint and the run ends bit-identical to an uninterrupted one."""
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    settings = dict(dropout=0.0, max_iters=300, lr_decay_iters=300, eval_interval=100, diagnostics=False,
+                    init_from='auto', log_interval=10)
+
+    def torchrun(out):
+        return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                                 '--max-restarts=1', 'train.py', *argv(data_root, out, **settings)],
+                                cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    killed = torchrun(tmp_path / 'killed')
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / 'killed' / 'ckpt.pt').exists():
+        time.sleep(0.05)
+    workers = children(killed.pid)
+    assert len(workers) == 2 and killed.poll() is None
+    os.kill(workers[1], signal.SIGKILL)
+    out, err = killed.communicate(timeout=240)
+    assert killed.returncode == 0, err[-3000:]
+    assert 'resuming from' in out and 'starting at iter 100' in out  # the restart came from the checkpoint
+    straight = torchrun(tmp_path / 'straight')
+    assert straight.wait(timeout=240) == 0
+    a, b = read_log(tmp_path / 'killed'), read_log(tmp_path / 'straight')
+    assert losses(a) == losses(b)  # every step and evaluation once, in order, and the same numbers
+    assert [e['iter'] for e in a if 'loss' in e] == list(range(10, 301, 10))
+    assert_same_state(final_state(tmp_path / 'killed'), final_state(tmp_path / 'straight'))
+
+
+def test_an_old_config_with_query_identity_means_query_identity(tmp_path):
+    old = tmp_path / 'old.py'
+    old.write_text("query_identity = True\nweight_decay = 2 ** -5\n")
+    c = train.settings([str(old)])
+    assert c['query'] == 'identity' and 'query_identity' not in c
+    assert train.settings([])['query'] == 'linear'
+    with pytest.raises(UserError, match="config: query_identity=True contradicts query='nonlinear'"):
+        train.settings([str(old), '--query=nonlinear'])

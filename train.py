@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (UserError, device_peak_flops, pick_device, load_checkpoint, open_dataset, parse_config, print_config,
+from common import (UserError, device_peak_flops, pick_device, load_checkpoint, model_errors, model_from_checkpoint, open_dataset, parse_config, print_config,
                     read_json, read_jsonl, run_main, save_checkpoint, setup_device, write_json, write_text)
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, upgrade_query
 
 # -----------------------------------------------------------------------------
 # defaults: GPT-2 small on OpenWebText, the authors' baseline settings; config/*.py and
@@ -44,7 +44,9 @@ DEFAULTS = dict(
     eval_windows='fixed',  # 'fixed': one set of eval windows for the whole run; 'fresh': new ones at every
     #                        evaluation (the authors' protocol), the same for every variant at the same step
     diagnostics=True,  # attention and weight diagnostics at every evaluation, into log.jsonl
-    init_from='scratch',  # 'scratch', 'resume', 'gpt2'..'gpt2-xl' or a local Hugging Face GPT-2 folder
+    init_from='scratch',  # 'scratch', 'resume', 'auto' (resume if out_dir has a checkpoint, else scratch: for
+    #                       launchers that restart the same command), 'gpt2'..'gpt2-xl' or a local GPT-2 folder
+    overwrite=False,  # True: init_from='scratch' may start over an out_dir that already holds a checkpoint
     wandb_log=False,
     wandb_project='kvgpt',
     wandb_run_name='run',
@@ -78,6 +80,8 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig)]
 # every model field is a key, with GPTConfig's default (None where GPTConfig derives it)
 DEFAULTS.update({f.name: f.default for f in fields(GPTConfig) if f.name not in DEFAULTS})
 DEFAULTS['vocab_size'] = None  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
+DEFAULTS['query'] = None  # None: 'linear', or 'identity' where an old config sets query_identity
+DEFAULTS['query_identity'] = False  # the old spelling of query='identity': read, then folded into query
 TIMING_WARMUP = 2  # steps after each (re)start left out of step times, tokens/s, MFU and ETA: compilation
 
 
@@ -146,6 +150,38 @@ def open_data(c, master, ddp):
     return open_dataset(c['data_root'], c['dataset'], c['block_size'])
 
 
+def resolve_init(c, master):
+    """init_from with 'auto' resolved. A run that would start from scratch over an existing checkpoint
+    is refused, so repeating a command never silently replaces a finished or interrupted run."""
+    path = os.path.join(c['out_dir'], 'ckpt.pt')
+    exists = os.path.exists(path)
+    if c['init_from'] == 'auto':
+        if master:
+            print(f"init_from=auto: {'resuming from ' + path if exists else 'no checkpoint in ' + c['out_dir'] + ', starting from scratch'}")
+        return 'resume' if exists else 'scratch'
+    if c['init_from'] == 'scratch' and exists and not c['overwrite']:
+        try:
+            step = f" at iter {load_checkpoint(path, mmap=True)['iter_num']}"
+        except (UserError, KeyError):
+            step = " (unreadable)"
+        raise UserError(f"{c['out_dir']} already holds a checkpoint{step}: --init_from=resume continues it, "
+                        "--overwrite=True starts over (its log and checkpoints are replaced)")
+    return c['init_from']
+
+
+def check_same_data(ckpt, meta, c):
+    """A resume continues on the data its checkpoint was trained on: the tokenizer and the token counts
+    must agree with the dataset's meta.json (nanoGPT's and converted checkpoints carry none)."""
+    saved = ckpt.get('meta')
+    if not saved:
+        return
+    keys = ('tokenizer', 'vocab_size', 'dtype', 'train_tokens', 'val_tokens')
+    differ = [f"{k} {saved.get(k)!r} != {meta.get(k)!r}" for k in keys if saved.get(k) != meta.get(k)]
+    if differ:
+        raise UserError(f"{c['out_dir']}/ckpt.pt was trained on other data than {c['data_root']}/{c['dataset']} "
+                        f"({', '.join(differ)}): resume on the data it was trained on, or start a new out_dir")
+
+
 def model_args_from(c, meta):
     args = {k: c[k] for k in MODEL_KEYS}
     if args['vocab_size'] is None:
@@ -162,13 +198,14 @@ def build_model(c, meta, master):
         except ValueError as e:
             raise UserError(f"bad model config: {e}") from None
     elif c['init_from'] == 'resume':
-        ckpt = load_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'))
-        model = GPT.from_checkpoint(ckpt, verbose=master)
+        model, ckpt = model_from_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'), verbose=master)
+        check_same_data(ckpt, meta, c)
         changed = [k for k, v in ckpt['model_args'].items() if c.get(k) is not None and c[k] != v]
         if changed and master:
             print(f"resuming: the checkpoint's model settings win over {', '.join(f'{k}={c[k]!r}' for k in changed)}")
     else:
-        model = GPT.from_pretrained(c['init_from'], dropout=c['dropout'])
+        with model_errors():
+            model = GPT.from_pretrained(c['init_from'], dropout=c['dropout'])
     if model.config.vocab_size < meta['vocab_size']:
         raise UserError(f"the model's vocab_size {model.config.vocab_size} is smaller than the dataset's "
                         f"{meta['vocab_size']} ({meta['tokenizer']}): raise vocab_size or leave it None")
@@ -333,15 +370,15 @@ class Trainer:
 
     def step(self):
         """One optimizer step over the global batch of this iteration."""
-        c, bs = self.c, self.c['batch_size']
+        c, batch = self.c, self.c['batch_size']
         self.lr = lr_at(self.iter_num, c)
         for group in self.optimizer.param_groups:
             group['lr'] = self.lr
-        starts = self.data.starts('train', c['gradient_accumulation_steps'] * bs, c['data_seed'], self.iter_num)
+        starts = self.data.starts('train', c['gradient_accumulation_steps'] * batch, c['data_seed'], self.iter_num)
         self.loss_sum.zero_()
         for micro in range(self.accum):
             m = self.rank * self.accum + micro  # this micro-batch's index in the global batch
-            x, y = self.data.batch('train', starts[m * bs:(m + 1) * bs], self.dev.device)
+            x, y = self.data.batch('train', starts[m * batch:(m + 1) * batch], self.dev.device)
             # DDP averages over ranks; dividing by the local accumulation makes the global mean
             sync = self.model.no_sync() if self.ddp and micro < self.accum - 1 else nullcontext()
             with sync:
@@ -394,15 +431,15 @@ class Trainer:
         """Mean loss over eval_iters batches per split, the ranks splitting them. 'fixed' windows
         are one set for the whole run; 'fresh' ones are drawn anew at every evaluation step. Either
         way they depend on (data_seed, step) alone: every variant is measured on identical tokens."""
-        c, bs = self.c, self.c['batch_size']
+        c, batch = self.c, self.c['batch_size']
         self.model.eval()
         out = {}
         for split_id, split in enumerate(('train', 'val')):
             key = (c['data_seed'], 2 ** 31 + split_id) + ((self.iter_num,) if c['eval_windows'] == 'fresh' else ())
-            starts = self.data.starts(split, c['eval_iters'] * bs, *key)
+            starts = self.data.starts(split, c['eval_iters'] * batch, *key)
             total = torch.zeros(2, dtype=torch.float64, device=self.dev.device)
             for i in range(self.rank, c['eval_iters'], self.world):
-                x, y = self.data.batch(split, starts[i * bs:(i + 1) * bs], self.dev.device)
+                x, y = self.data.batch(split, starts[i * batch:(i + 1) * batch], self.dev.device)
                 with self.dev.ctx:
                     _, loss = self.model(x, y)
                 total += torch.stack([loss.double(), torch.ones_like(total[0])])
@@ -509,7 +546,7 @@ class Trainer:
                 self.check_finite()
                 self.save('signal')
                 if self.master:
-                    print(f"stopped by a signal at iter {self.iter_num}; resume with --init_from=resume")
+                    print(f"stopped by a signal at iter {self.iter_num}; continue with --init_from=resume (or auto)")
                 return
 
 
@@ -518,6 +555,7 @@ def train(c):
     lock = lock_out_dir(c['out_dir']) if rank == 0 else None
     handlers = {}
     try:
+        c = dict(c, init_from=resolve_init(c, rank == 0))  # after the lock: the checkpoint cannot change under it
         trainer = Trainer(c, ddp, rank, world, device)
         handlers = {s: signal.signal(s, trainer.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         trainer.run()
@@ -536,8 +574,16 @@ def train(c):
             lock.close()
 
 
+def settings(argv=None):
+    """The run's config from defaults, config files and --key=value, with `query` the one query setting."""
+    c = parse_config(DEFAULTS, argv)
+    with model_errors('config'):
+        c.update(upgrade_query({'query': c['query'], 'query_identity': c.pop('query_identity')}))
+    return c
+
+
 def main(argv=None):
-    return train(parse_config(DEFAULTS, argv))
+    return train(settings(argv))
 
 
 if __name__ == '__main__':
