@@ -22,7 +22,7 @@ import time
 import torch
 
 from common import (UserError, device_peak_flops, open_dataset, parse_config, read_jsonl, run_main, setup_device,
-                    write_json, write_text)
+                    variant_settings, write_json, write_text)
 from model import GPT, GPTConfig, KVCache
 
 DEFAULTS = dict(
@@ -50,25 +50,11 @@ DEFAULTS = dict(
 
 
 def variant_config(name, c):
-    """The papers' variants at any geometry: reduced drops n_embd^2 per layer, the larger
-    MLP gives it back as n_embd/2 more hidden units (paper: 3072 -> 3456); the other query
-    modes keep W_Q's budget (see model.QUERY_MODES)."""
-    C = c['n_embd']
-    table = {
-        'baseline': {},
-        'reduced': dict(query='identity'),
-        'reduced_mlp': dict(query='identity', mlp_hidden=4 * C + C // 2),
-        'baseline_small_mlp': dict(mlp_hidden=4 * C - C // 2),
-        'residual': dict(query='residual'),
-        'residual_gelu': dict(query='residual_gelu'),
-        'nonlinear': dict(query='nonlinear'),
-        'key_identity': dict(key_identity=True),
-        'value_identity': dict(value_identity=True),
-    }
-    if name not in table:
-        raise UserError(f"unknown variant '{name}': choose from {', '.join(table)}")
+    """The model of config/<name>.py at bench's geometry: the file's model settings, evaluated
+    against n_embd and n_head, so the paper's variants keep their ratios at any size."""
     geometry = {k: c[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size')}
-    return GPTConfig(**geometry, **table[name])
+    base = dict(GPTConfig(**geometry).__dict__)
+    return GPTConfig(**{**geometry, **variant_settings(name, base, base.keys())})
 
 
 def sync(device):

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import types
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,11 +23,25 @@ class UserError(Exception):
     """A failure the user can fix: printed as one line, no traceback, exit code 2."""
 
 
+@contextmanager
+def model_errors(source=None):
+    """model.py imports nothing from this project (copy it anywhere), so a bad setting or checkpoint
+    raises ValueError or TypeError there, and a missing optional package ImportError, each with a
+    clear message; around a call into it, this turns them into the one-line error."""
+    try:
+        yield
+    except (ValueError, TypeError, ImportError) as e:
+        raise UserError(f"{source}: {e}" if source else str(e)) from None
+
+
 def run_main(main):
-    """Run a script's main(); user errors become one line on stderr and a non-zero exit."""
+    """Run a script's main(); user errors become one line on stderr and a non-zero exit.
+    KVGPT_DEBUG=1 in the environment shows the full traceback behind that line instead."""
     try:
         main()
     except UserError as e:
+        if os.environ.get('KVGPT_DEBUG') == '1':
+            raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
@@ -100,6 +114,32 @@ def run_config_file(path, config):
     return {key: value for key, value in namespace.items()
             if not key.startswith('_') and not isinstance(value, (types.ModuleType, types.FunctionType, type))
             and not (key in config and value is config[key])}
+
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config')
+
+
+def variants(config):
+    """The model variants, in name order: every config/<name>.py that names a run (out_dir) without
+    choosing data (the CPU bases set dataset, directly or by stacking). A variant is defined by its
+    file alone: bench.py, report.py and experiment.py read this list, nothing else names them."""
+    names = []
+    for f in sorted(os.listdir(CONFIG_DIR)):
+        if f.endswith('.py'):
+            made = run_config_file(os.path.join(CONFIG_DIR, f), config)
+            if 'out_dir' in made and 'dataset' not in made:
+                names.append(f[:-3])
+    return names
+
+
+def variant_settings(name, config, keys):
+    """The settings among keys (the model's) that config/<name>.py makes, evaluated against config,
+    so a file written against n_embd fits any geometry."""
+    known = variants(config)
+    if name not in known:
+        raise UserError(f"unknown variant '{name}': choose from {', '.join(known)} (a file config/<name>.py)")
+    made = run_config_file(os.path.join(CONFIG_DIR, f'{name}.py'), config)
+    return {k: v for k, v in made.items() if k in keys}
 
 
 def print_config(config):
@@ -358,6 +398,15 @@ def read_jsonl(path):
 
 def save_checkpoint(ckpt, path):
     atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+
+
+def model_from_checkpoint(path, verbose=True):
+    """(model, checkpoint dict) of a checkpoint file: reading it is this module's, making the model
+    model.py's (GPT.from_checkpoint); either failing is one line that names the file."""
+    from model import GPT
+    ckpt = load_checkpoint(path)
+    with model_errors(path):
+        return GPT.from_checkpoint(ckpt, verbose=verbose), ckpt
 
 
 def load_checkpoint(path, map_location='cpu', mmap=False):

@@ -1,5 +1,5 @@
 """
-The paper's theorems as a tool: turn a trained standard checkpoint into a query_identity
+The paper's theorems as a tool: turn a trained standard checkpoint into a query='identity'
 one by a change of basis of the residual stream, and verify it.
 
     python convert.py --in_dir=out-theory --out_dir=out-theory-qid
@@ -28,12 +28,12 @@ import math
 
 import torch
 
-from common import UserError, load_checkpoint, open_dataset, parse_config, run_main, save_checkpoint
+from common import UserError, model_from_checkpoint, open_dataset, parse_config, run_main, save_checkpoint
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
     in_dir='out',  # the standard checkpoint to convert (in_dir/ckpt.pt)
-    out_dir=None,  # where the query_identity checkpoint goes; None: in_dir + '-qid'
+    out_dir=None,  # where the W_Q = I checkpoint goes; None: in_dir + '-qid'
     approximate=False,  # allow the settings where the conversion cannot be exact
     max_cond=1e6,  # refuse a W_Q whose condition number is larger
     data_root='data',  # held-out tokens for the check: data_root/<checkpoint's dataset>/val.bin
@@ -112,7 +112,7 @@ def convert_state(sd, cfg, approximate, max_cond):
     for k in sd:
         if k.startswith('transformer.ln_f.'):
             out[k] = sd[k]
-    new_cfg = GPTConfig(**{**asdict(cfg), 'query': 'identity', 'query_identity': True, 'attn_scale': cfg.scale,
+    new_cfg = GPTConfig(**{**asdict(cfg), 'query': 'identity', 'attn_scale': cfg.scale,
                            'tie_weights': False})
     return out, new_cfg, dict(condition_numbers=conds, untied=cfg.tie_weights)
 
@@ -142,8 +142,7 @@ def compare(a, b, x, y):
 
 
 def convert(c):
-    ckpt = load_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'))
-    src = GPT.from_checkpoint(ckpt, verbose=False)
+    src, ckpt = model_from_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'), verbose=False)
     cfg = src.config
     if cfg.query != 'linear':
         raise UserError(f"the checkpoint's query is '{cfg.query}', not a linear W_Q: only a linear query is a change "

@@ -20,13 +20,12 @@ import fcntl
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
-from common import UserError, parse_config, read_json, read_jsonl, run_config_file, run_main, write_text
+from common import UserError, parse_config, read_jsonl, run_main, variant_settings, write_text
 import report
 import train
 
@@ -134,13 +133,12 @@ def plan(results):
 # runs on disk
 
 def base_config():
-    return parse_config(train.DEFAULTS, list(BASE))
+    return train.settings(list(BASE))
 
 
 def arm_settings(arm, base):
     """The model settings config/<arm>.py makes at the base geometry: the one definition of a variant."""
-    made = run_config_file(os.path.join('config', f'{arm}.py'), base)
-    return {k: v for k, v in made.items() if k in train.MODEL_KEYS}
+    return variant_settings(arm, base, train.MODEL_KEYS)
 
 
 def command(run, base, work):
@@ -285,14 +283,19 @@ def trend_block(results, phases):
         rows.append(f"| {tokens:,} | {pct(m)} [{pct(lo)}, {pct(hi)}] |")
     m, lo, hi = interval95(list(slopes.values()))
     rows.append(f"| slope per doubling of tokens | {pct(m)} [{pct(lo)}, {pct(hi)}] |")
-    return '\n'.join(rows) + '\n'
+    return '\n'.join(rows) + '\n\n![the paired gap against the budget](assets/trend.png)\n'
+
+
+def geometry_gaps(results, phases):
+    """{seed: gap %} at init_std GEOMETRY_STD and at the default 0.02 (the test runs), for the geometry seeds."""
+    def gaps(runs):
+        pick = [r for r in runs if r.seed in GEOMETRY_SEEDS]
+        return gaps_of(results, [r for r in pick if r.arm == GEOMETRY_ARMS[0]], [r for r in pick if r.arm == GEOMETRY_ARMS[1]])
+    return gaps(phases['geometry']), gaps(phases['test'])
 
 
 def geometry_block(results, phases):
-    geo = phases['geometry']
-    pick = lambda runs, arm: [r for r in runs if r.arm == arm and r.seed in GEOMETRY_SEEDS]
-    wide = gaps_of(results, pick(geo, GEOMETRY_ARMS[0]), pick(geo, GEOMETRY_ARMS[1]))
-    std = gaps_of(results, pick(phases['test'], GEOMETRY_ARMS[0]), pick(phases['test'], GEOMETRY_ARMS[1]))
+    wide, std = geometry_gaps(results, phases)
     if len(wide) < len(GEOMETRY_SEEDS) or len(std) < len(GEOMETRY_SEEDS):
         return f"Not yet: {len(wide)} of {len(GEOMETRY_SEEDS)} seeds at init_std {GEOMETRY_STD:g}.\n"
     rows = [f"| init_std | σ·√d | paired gap {GEOMETRY_ARMS[1]} − {GEOMETRY_ARMS[0]}, mean [95% interval] |", "|---|---|---|"]
@@ -302,7 +305,49 @@ def geometry_block(results, phases):
     m, lo, hi = interval95([wide[s] - std[s] for s in GEOMETRY_SEEDS])
     word = "depends on the init geometry" if lo > 0 or hi < 0 else "no dependence on the init geometry detected"
     rows.append(f"| difference | | {pct(m)} [{pct(lo)}, {pct(hi)}]: **{word}** |")
-    return '\n'.join(rows) + '\n'
+    return '\n'.join(rows) + '\n\n![the paired gap at two init geometries](assets/geometry.png)\n'
+
+
+def figures(root, results, phases, folder):
+    """The trend, geometry and diagnostics figures, each once its runs are all committed."""
+    series, slopes = seed_slopes(results, phases)
+    if len(slopes) == len(TREND_SEEDS):
+        fig, ax = report.pyplot().subplots(figsize=(7, 4.5))
+        for seed in TREND_SEEDS:
+            ax.plot(*zip(*series[seed]), color='grey', alpha=0.5, lw=0.8, marker='.')
+        points = list(zip(*[series[s] for s in TREND_SEEDS]))
+        stats = [interval95([g for _, g in p]) for p in points]
+        ax.errorbar([p[0][0] for p in points], [m for m, _, _ in stats], yerr=[[m - lo for m, lo, _ in stats],
+                    [hi - m for m, _, hi in stats]], color=report.variant_color(TREND_ARMS[1]), marker='o', capsize=4,
+                    label="mean over seeds, 95% interval (grey: each seed)")
+        ax.axhline(0, color='black', lw=0.8)
+        ax.set(xscale='log', xlabel='tokens', ylabel=f'{TREND_ARMS[1]} − {TREND_ARMS[0]} (% of val loss)',
+               title='paired gap against the budget')
+        ax.legend(fontsize=8)
+        report.save_figure(fig, os.path.join(folder, 'trend.png'))
+    wide, std = geometry_gaps(results, phases)
+    if len(wide) == len(std) == len(GEOMETRY_SEEDS):
+        fig, ax = report.pyplot().subplots(figsize=(6, 4.5))
+        for seed in GEOMETRY_SEEDS:
+            ax.plot([0.02, GEOMETRY_STD], [std[seed], wide[seed]], color=report.variant_color(GEOMETRY_ARMS[1]),
+                    marker='o', alpha=0.7, label=f"seed {seed}")
+        ax.axhline(0, color='black', lw=0.8)
+        ax.set(xticks=[0.02, GEOMETRY_STD], xlabel='init_std', ylabel=f'{GEOMETRY_ARMS[1]} − {GEOMETRY_ARMS[0]} (%)',
+               title='paired gap at two init geometries')
+        ax.legend(fontsize=8)
+        report.save_figure(fig, os.path.join(folder, 'geometry.png'))
+    diag = [os.path.join(root, NAME, r.name) for r in phases['test'] if r.seed == TEST_SEEDS[0] and r.name in results]
+    if len(diag) == len(ARMS):
+        report.plot_diagnostics([dict(report.read_run(d), name=os.path.basename(d)) for d in diag],
+                                os.path.join(folder, 'diagnostics.png'))
+
+
+def diagnostics_block(results, phases):
+    done = [r for r in phases['test'] if r.seed == TEST_SEEDS[0] and r.name in results]
+    if len(done) < len(ARMS):
+        return f"Not yet: {len(done)} of {len(ARMS)} arms have finished test seed {TEST_SEEDS[0]}.\n"
+    return (f"Test seed {TEST_SEEDS[0]}, every arm at its selected settings (one line per layer, darker = deeper):\n\n"
+            "![attention and weight diagnostics](assets/diagnostics.png)\n")
 
 
 def blocks(root):
@@ -310,7 +355,8 @@ def blocks(root):
     results = committed_results(root)
     phases, _ = plan(results)
     return dict(tuning=tuning_block(results), verdict=verdict_block(results, phases),
-                trend=trend_block(results, phases), geometry=geometry_block(results, phases))
+                trend=trend_block(results, phases), geometry=geometry_block(results, phases),
+                diagnostics=diagnostics_block(results, phases))
 
 
 BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
@@ -322,11 +368,15 @@ def fill(text, made):
 
 
 def write_report(c):
+    if not os.path.isfile(c['docs']):
+        raise UserError(f"{c['docs']} not found: --docs names the write-up whose generated blocks are rewritten")
     with open(c['docs']) as f:
         text = f.read()
     made = blocks(c['root'])
     write_text(c['docs'], fill(text, made))
     print(f"wrote {len(made)} blocks into {c['docs']}")
+    results = committed_results(c['root'])
+    figures(c['root'], results, plan(results)[0], os.path.join(os.path.dirname(c['docs']), 'assets'))
     for name, md in made.items():
         print(f"\n{name}:\n{md}", end='')
     return made

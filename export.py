@@ -17,8 +17,7 @@ import shutil
 
 import torch
 
-from common import UserError, load_checkpoint, parse_config, run_main
-from model import GPT
+from common import UserError, model_from_checkpoint, parse_config, run_main
 
 DEFAULTS = dict(
     in_dir='out',  # the run to export (in_dir/ckpt.pt)
@@ -123,8 +122,8 @@ def max_logit_diff(model, hf, c):
 
 
 def export(c):
-    ckpt = load_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'))
-    model = GPT.from_checkpoint(ckpt, verbose=False).float().eval()
+    model, ckpt = model_from_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'), verbose=False)
+    model = model.float().eval()
     tokenizer = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')  # nanoGPT checkpoints: GPT-2 BPE
     reason = refusal(model.config, tokenizer)
     if reason:

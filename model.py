@@ -5,7 +5,7 @@ the attention weights W_Q, W_K, W_V can be fixed to the identity.
 Karbevski & Mijoski, "Key and Value Weights Are Probably All You Need"
 (arXiv 2510.23912): attention sees its input X only through XW_Q, XW_K, XW_V,
 so a change of basis moves W_Q into the neighbouring weights. With
-`query_identity` head h's query is the coordinate slice [h*hd, (h+1)*hd) of the
+`query='identity'` head h's query is the coordinate slice [h*hd, (h+1)*hd) of the
 attention input (the ln_1 output) and the input projection makes only K and V:
 every layer loses n_embd^2 weights, 25% of the attention.
 
@@ -21,8 +21,6 @@ from typing import Optional
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
-
-from common import UserError
 
 
 # How head h's query is made from the attention input x (the ln_1 output):
@@ -47,8 +45,7 @@ class GPTConfig:
     bias: bool = False  # biases in Linears and LayerNorms
     tie_weights: bool = True  # lm_head shares the token embedding
     mlp_hidden: Optional[int] = None  # None: 4 * n_embd (paper's larger MLP: 3456)
-    query: Optional[str] = None  # one of QUERY_MODES; None: 'identity' if query_identity else 'linear'
-    query_identity: bool = False  # shorthand for query='identity' (the paper's reduced model); kept in step
+    query: str = 'linear'  # one of QUERY_MODES; 'identity' is the paper's reduced model
     query_rank: Optional[int] = None  # nonlinear query: bottleneck width r; None: n_embd // 2 (the follow-up's)
     query_mix: float = 0.5  # nonlinear query: q = query_mix * (x + f(x)); the follow-up's code uses 1.0
     key_identity: bool = False  # W_K = I (theory: any one of the three may go)
@@ -69,12 +66,14 @@ class GPTConfig:
             self.n_kv_head = self.n_head
         if self.query_rank is None:
             self.query_rank = self.n_embd // 2
-        self.resolve_query()
-        identities = [n for n in ('query_identity', 'key_identity', 'value_identity') if getattr(self, n)]
-        if self.query not in ('linear', 'identity') and (self.key_identity or self.value_identity):
-            identities.append(f"query='{self.query}'")
+        if self.query not in QUERY_MODES:
+            raise ValueError(f"query must be one of {', '.join(QUERY_MODES)}, got {self.query!r}")
+        identities = [n for n in ('key_identity', 'value_identity') if getattr(self, n)]
+        if self.query != 'linear':
+            identities.insert(0, f"query='{self.query}'")
         if len(identities) > 1:
-            raise ValueError(f"at most one of query_identity, key_identity, value_identity may be set, got {identities}")
+            raise ValueError(f"at most one of query='identity' (or another non-linear query), key_identity, "
+                             f"value_identity may be set, got {identities}")
         for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden', 'n_kv_head',
                      'query_rank'):
             if getattr(self, name) <= 0:
@@ -99,20 +98,11 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, args):
-        """A config from saved model_args; keys it does not know (nanoGPT's extras) are ignored."""
+        """A config from saved model_args; keys it does not know (nanoGPT's extras) are ignored.
+        Older kvgpt checkpoints name the reduced model query_identity=True: read as query='identity'."""
+        args = upgrade_query(args)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in args.items() if k in known})
-
-    def resolve_query(self):
-        """One source of truth: `query` names the mode, `query_identity` only mirrors it, so old
-        configs and checkpoints (which set query_identity=True) mean exactly what they meant."""
-        if self.query is None:
-            self.query = 'identity' if self.query_identity else 'linear'
-        if self.query not in QUERY_MODES:
-            raise ValueError(f"query must be one of {', '.join(QUERY_MODES)}, got {self.query!r}")
-        if self.query_identity and self.query != 'identity':
-            raise ValueError(f"query_identity=True contradicts query='{self.query}': set one of them")
-        self.query_identity = self.query == 'identity'
 
     @property
     def head_dim(self):
@@ -124,8 +114,20 @@ class GPTConfig:
             return float(self.attn_scale)
         # Paper's choice for W_Q = I: with one learned matrix in the logits they start
         # with a larger variance, so the softmax scale is halved to 1/(2 sqrt(hd)).
-        halved = self.query_identity or self.key_identity
+        halved = self.query == 'identity' or self.key_identity
         return 1.0 / ((2.0 if halved else 1.0) * math.sqrt(self.head_dim))
+
+
+def upgrade_query(args):
+    """Settings with the old shorthand query_identity (kvgpt before `query`) as the one setting `query`:
+    query_identity=True is query='identity'; query None is 'linear'. Contradictions are errors."""
+    args = dict(args)
+    legacy, query = args.pop('query_identity', False), args.get('query')
+    if legacy and query not in (None, 'identity'):
+        raise ValueError(f"query_identity=True contradicts query='{query}': set query only")
+    if legacy or query is None:
+        args['query'] = 'identity' if legacy else 'linear'
+    return args
 
 
 class KVCache:
@@ -409,15 +411,15 @@ class GPT(nn.Module):
         embeddings cannot be shifted, so once the context reaches block_size the cache is
         rebuilt from the last block_size tokens each step: what the uncached path computes.
         The cache takes the autocast dtype when one is active, so bf16 K/V are stored as bf16."""
-        bs = self.config.block_size
+        block = self.config.block_size
         cache = None
         done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
             if not use_cache:
-                logits, _ = self(idx[:, -bs:])
-            elif cache is None or cache.pos >= bs:
+                logits, _ = self(idx[:, -block:])
+            elif cache is None or cache.pos >= block:
                 cache = KVCache(self.config, idx.size(0), idx.device, self.cache_dtype(idx.device))
-                logits, _ = self(idx[:, -bs:], cache=cache)
+                logits, _ = self(idx[:, -block:], cache=cache)
             else:
                 logits, _ = self(idx[:, -1:], cache=cache)
             nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)
@@ -446,13 +448,13 @@ class GPT(nn.Module):
     def from_checkpoint(cls, ckpt, verbose=True):
         """The model of a checkpoint dict (common.load_checkpoint). nanoGPT's model_args lack
         kvgpt's fields, whose defaults describe nanoGPT's model; old kvgpt checkpoints name the
-        reduced model query_identity=True, which GPTConfig reads as query='identity'."""
+        reduced model query_identity=True, which GPTConfig.from_dict reads as query='identity'."""
         state = {k.removeprefix('module.').removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}
         try:
             model = cls(GPTConfig.from_dict(ckpt['model_args']), verbose=verbose)
             model.load_state_dict(state)
         except (ValueError, RuntimeError, TypeError) as e:
-            raise UserError(f"checkpoint weights do not fit its model_args: {str(e).splitlines()[0][:300]}") from None
+            raise ValueError(f"checkpoint weights do not fit its model_args: {str(e).splitlines()[0][:300]}") from None
         return model
 
     @classmethod
@@ -464,7 +466,7 @@ class GPT(nn.Module):
         act = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu', 'relu': 'relu'}.get(
             h.activation_function)
         if act is None:
-            raise UserError(f"unsupported GPT-2 activation {h.activation_function!r}")
+            raise ValueError(f"unsupported GPT-2 activation {h.activation_function!r}")
         model = cls(GPTConfig(n_layer=h.n_layer, n_head=h.n_head, n_embd=h.n_embd, block_size=h.n_positions,
                               vocab_size=h.vocab_size, bias=True, tie_weights=True, dropout=dropout,
                               mlp_hidden=h.n_inner or 4 * h.n_embd, activation=act))
@@ -474,7 +476,7 @@ class GPT(nn.Module):
                 if k.endswith(('.attn.bias', '.attn.masked_bias')):
                     continue  # the causal mask buffers
                 if k not in ours:
-                    raise UserError(f"unexpected tensor {k} in the GPT-2 weights")
+                    raise ValueError(f"unexpected tensor {k} in the GPT-2 weights")
                 ours[k].copy_(v.T if k.endswith(HF_TRANSPOSED) else v)
         return model
 
@@ -485,17 +487,17 @@ HF_TRANSPOSED = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 
 
 def load_hf_gpt2(name_or_path):
     if name_or_path not in GPT2_SIZES and not os.path.isdir(str(name_or_path)):
-        raise UserError(f"init_from must be scratch, resume, one of {', '.join(GPT2_SIZES)} or a local GPT-2 "
-                        f"folder; got {name_or_path!r}")
+        raise ValueError(f"init_from must be scratch, resume, auto, one of {', '.join(GPT2_SIZES)} or a local GPT-2 "
+                         f"folder; got {name_or_path!r}")
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:
-        raise UserError("loading GPT-2 weights needs transformers: `pip install transformers`") from None
+        raise ImportError("loading GPT-2 weights needs transformers: `pip install transformers`") from None
     try:
         return GPT2LMHeadModel.from_pretrained(name_or_path)
     except Exception as e:
-        raise UserError(f"cannot load GPT-2 weights '{name_or_path}' ({type(e).__name__}): without network, "
-                        "save them once with transformers and pass the folder") from None
+        raise ValueError(f"cannot load GPT-2 weights '{name_or_path}' ({type(e).__name__}): without network, "
+                         "save them once with transformers and pass the folder") from None
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):

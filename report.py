@@ -9,10 +9,12 @@ paired gap against the first variant with the verdict of the decision rule state
 
 The first run (the first variant) is the reference. Runs whose names differ only by a final
 `_s<seed>` are one variant over seeds, paired by seed (seed = data_seed: the same batches).
-Decision rule, fixed before the results: the variant "matches" the reference if the 95%
-interval (Student t) of the mean paired gap contains 0 and lies within +-1%; it is "worse" or
-"better" if the interval excludes 0; otherwise "could not tell". matplotlib is needed for plots.
+The decision rule is docs/experiments.md's: a variant is "better" or "worse" when its paired t
+test rejects after Holm's correction across the table's comparisons, "matches" when two
+one-sided tests put the gap within +-0.3%, else "could not tell". The final val loss is
+val_loss_full (every val token once) where the run has it. matplotlib is needed for plots.
 """
+import functools
 import itertools
 import math
 import os
@@ -22,7 +24,8 @@ import sys
 
 import torch
 
-from common import UserError, atomic_write, load_checkpoint, parse_config, read_json, read_jsonl, run_main, write_text
+from common import (UserError, atomic_write, load_checkpoint, parse_config, read_json, read_jsonl, run_main, variants,
+                    write_text)
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -37,6 +40,7 @@ DEFAULTS = dict(
 QUERY_LABEL = dict(linear='full attention', identity='W_Q=I', residual='q=x+xW_Q', residual_gelu='q=x+GELU(xW_Q)',
                    nonlinear='nonlinear q')
 BANDS = [(0.0, 'equal'), (0.1, '+-0.1%'), (-0.1, None), (-0.35, '-0.35%')]  # the authors' reference bands
+DEFAULT_GEOMETRY = {k: v for k, v in GPTConfig().__dict__.items()}  # what variant files are read against
 MARGIN = 0.3  # % of loss: the smallest effect of interest; "matches" means within it (docs/experiments.md)
 ALPHA = 0.05
 
@@ -50,8 +54,8 @@ def read_run(out_dir):
     evals = [e for e in log if 'val_loss' in e]
     if not evals:
         raise UserError(f"{out_dir} has no evaluation yet: nothing to compare")
-    model_args = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), mmap=True)['model_args']
-    with torch.device('meta'):
+    model_args = config.get('model_args') or load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), mmap=True)['model_args']
+    with torch.device('meta'):  # runs from before config.json held model_args: from the checkpoint
         model = GPT(GPTConfig.from_dict(model_args), verbose=False)
     name = os.path.basename(os.path.normpath(out_dir))
     return dict(name=name, arm=re.sub(r'_s\d+$', '', name), config=config, evals=evals,
@@ -69,7 +73,9 @@ def fmt_params(n):
 
 
 def final(run):
-    return run['evals'][-1]['val_loss']
+    """The run's final val loss: over the whole val split when it has one (val_loss_full)."""
+    last = run['evals'][-1]
+    return last.get('val_loss_full', last['val_loss'])
 
 
 def table(runs):
@@ -192,9 +198,11 @@ def compare(gap_sets, margin=MARGIN, alpha=ALPHA):
     for gaps in gap_sets:
         mean, sd = mean_sd(gaps)
         df, se = len(gaps) - 1, sd / len(gaps) ** 0.5
-        p_t = 2 * (1 - t_cdf(abs(mean) / se, df)) if df > 0 and se > 0 else float('nan')
-        out.append(dict(n=len(gaps), mean=mean, sd=sd, se=se, p_t=p_t, p_perm=sign_flip_p(gaps),
-                        p_tost=tost_p(gaps, margin) if df > 0 and se > 0 else float('nan')))
+        if df > 0 and se > 0:
+            p_t, p_tost = 2 * (1 - t_cdf(abs(mean) / se, df)), tost_p(gaps, margin)
+        else:  # one seed is no evidence; identical gaps are certainty
+            p_t, p_tost = (1.0, 1.0) if df == 0 else (float(mean == 0), float(abs(mean) >= margin))
+        out.append(dict(n=len(gaps), mean=mean, sd=sd, se=se, p_t=p_t, p_perm=sign_flip_p(gaps), p_tost=p_tost))
     for key in ('p_t', 'p_tost'):
         for r, adjusted in zip(out, holm([r[key] for r in out])):
             r[key + '_holm'] = adjusted
@@ -210,19 +218,23 @@ def compare(gap_sets, margin=MARGIN, alpha=ALPHA):
 
 
 def aggregate_table(groups):
-    ref_name, ref_runs = next(iter(groups.items()))
+    """Each variant against the first over paired seeds, by the rule of docs/experiments.md (Holm
+    across the table's comparisons, equivalence within +-MARGIN %)."""
+    (ref_name, ref_runs), others = next(iter(groups.items())), list(groups.items())[1:]
+    stats = compare([list(paired_gaps(ref_runs, runs).values()) for _, runs in others])
     rows = [f"| variant | weight decay | seeds | final val loss (mean +- sd) | paired gap to {ref_name} (mean +- sd) "
-            "| 95% interval | verdict |", "|---|---|---|---|---|---|---|"]
-    for name, runs in groups.items():
+            "| interval (Holm level) | p (Holm) | verdict |", "|---|---|---|---|---|---|---|---|"]
+    for i, (name, runs) in enumerate(groups.items()):
         mean, sd = mean_sd(final(r) for r in runs)
         wd = ', '.join(sorted({f"{r['config']['weight_decay']:g}" for r in runs}))
-        if runs is ref_runs:
-            rows.append(f"| {name} | {wd} | {len(runs)} | {mean:.4f} +- {sd:.4f} | (reference) | | |")
+        head = f"| {name} | {wd} | {len(runs)} | {mean:.4f} +- {sd:.4f} |"
+        if i == 0:
+            rows.append(head + " (reference) | | | |")
             continue
-        gaps = list(paired_gaps(ref_runs, runs).values())
-        g_mean, g_sd, half, word = verdict(gaps)
-        rows.append(f"| {name} | {wd} | {len(runs)} | {mean:.4f} +- {sd:.4f} | {g_mean:+.2f}% +- {g_sd:.2f}% | "
-                    f"[{g_mean - half:+.2f}%, {g_mean + half:+.2f}%] | {word} |")
+        s = stats[i - 1]
+        rows.append(f"{head} {s['mean']:+.2f}% +- {s['sd']:.2f}% | [{s['mean'] - s['half']:+.2f}%, "
+                    f"{s['mean'] + s['half']:+.2f}%] ({100 * s['level']:.1f}%) | {s['p_t']:.3f} ({s['p_t_holm']:.3f}) | "
+                    f"{s['verdict']} |")
     return '\n'.join(rows) + '\n'
 
 
@@ -266,6 +278,19 @@ def save_figure(fig, path):
     print(f"wrote {path}")
 
 
+@functools.lru_cache(maxsize=None)
+def known_variants():
+    return tuple(variants(dict(DEFAULT_GEOMETRY)))
+
+
+def variant_color(name, i=0):
+    """One colour per variant in every figure: the variant's place among the config files (on tab20),
+    for a run or arm named after it (the longest variant name it starts with); else the i-th default colour."""
+    names = known_variants()
+    match = max((v for v in names if name == v or name.startswith(v + '_')), key=len, default=None)
+    return pyplot().get_cmap('tab20')(names.index(match) % 20) if match else f"C{i % 10}"
+
+
 def smoothed(values, beta):
     out, avg = [], None
     for v in values:
@@ -276,11 +301,13 @@ def smoothed(values, beta):
 
 def plot(runs, path, beta):
     fig, (ax_train, ax_val) = pyplot().subplots(1, 2, figsize=(13, 4.8))
-    for r in runs:
-        label = f"{r['name']} ({fmt_params(r['params'])})"
+    for i, r in enumerate(runs):
+        label, color = f"{r['name']} ({fmt_params(r['params'])})", variant_color(r['name'], i)
         if r['steps']:
-            ax_train.plot([e['tokens'] for e in r['steps']], smoothed([e['loss'] for e in r['steps']], beta), label=label)
-        ax_val.plot([e['tokens'] for e in r['evals']], [e['val_loss'] for e in r['evals']], marker='o', ms=3, label=label)
+            ax_train.plot([e['tokens'] for e in r['steps']], smoothed([e['loss'] for e in r['steps']], beta), label=label,
+                          color=color)
+        ax_val.plot([e['tokens'] for e in r['evals']], [e['val_loss'] for e in r['evals']], marker='o', ms=3, label=label,
+                    color=color)
     for ax, title in ((ax_train, f'train loss (per step, smoothed {beta})'), (ax_val, 'val loss')):
         ax.set(xlabel='tokens seen', ylabel='loss', title=title)
         ax.grid(alpha=0.3)
@@ -302,7 +329,7 @@ def plot_gaps(groups, path):
         tokens = [it * runs[0]['evals'][-1]['tokens'] / runs[0]['evals'][-1]['iter'] for it, _ in points]
         means = [m for _, (m, _) in points]
         sds = [0.0 if s != s else s for _, (_, s) in points]
-        line, = ax.plot(tokens, means, marker='o', ms=3, label=f"{name} ({len(runs)} seeds)")
+        line, = ax.plot(tokens, means, marker='o', ms=3, label=f"{name} ({len(runs)} seeds)", color=variant_color(name))
         ax.fill_between(tokens, [m - s for m, s in zip(means, sds)], [m + s for m, s in zip(means, sds)],
                         color=line.get_color(), alpha=0.2)
     for y, label in BANDS:
@@ -316,9 +343,10 @@ def plot_gaps(groups, path):
 
 def plot_sweep(runs, path):
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
-    for arm, members in group_runs([dict(r, arm=r['arm'].split('_wd')[0]) for r in runs]).items():
+    for i, (arm, members) in enumerate(group_runs([dict(r, arm=r['arm'].split('_wd')[0]) for r in runs]).items()):
         members = sorted(members, key=lambda r: r['config']['weight_decay'])
-        ax.plot([r['config']['weight_decay'] for r in members], [final(r) for r in members], marker='o', label=arm)
+        ax.plot([r['config']['weight_decay'] for r in members], [final(r) for r in members], marker='o', label=arm,
+                color=variant_color(arm, i))
     ax.set(xscale='log', xlabel='weight decay', ylabel='final val loss', title='each arm at matched weight decay')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -338,17 +366,16 @@ def plot_diagnostics(runs, path):
         raise UserError("no diagnostics in these runs' logs (trained with diagnostics=False?)")
     plt = pyplot()
     fig, axes = plt.subplots(3, 3, figsize=(14, 10))
-    colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
     for i, r in enumerate(runs):
         evals = [e for e in r['evals'] if 'diagnostics' in e]
         tokens = [e['tokens'] for e in evals]
         n_layer = len(evals[0]['diagnostics']['entropy'])
         for ax, (key, _) in zip(axes.flat, DIAG_PANELS):
             for layer in range(n_layer):
-                ax.plot(tokens, [e['diagnostics'][key][layer] for e in evals], color=colors[i % len(colors)],
+                ax.plot(tokens, [e['diagnostics'][key][layer] for e in evals], color=variant_color(r['name'], i),
                         alpha=0.35 + 0.65 * (layer + 1) / n_layer, label=r['name'] if layer == n_layer - 1 else None)
         for ax, group in zip(axes.flat[len(DIAG_PANELS):], NORM_GROUPS):
-            ax.plot(tokens, [e['diagnostics']['weight_norm'][group] for e in evals], color=colors[i % len(colors)],
+            ax.plot(tokens, [e['diagnostics']['weight_norm'][group] for e in evals], color=variant_color(r['name'], i),
                     label=r['name'])
     titles = [t for _, t in DIAG_PANELS] + [f'|W| {g}' for g in NORM_GROUPS]
     for ax, title in zip(axes.flat, titles):

@@ -12,7 +12,8 @@ import os
 import sys
 import torch
 
-from common import UserError, get_tokenizer, load_checkpoint, parse_config, run_main, setup_device, stream_decoder
+from common import (UserError, get_tokenizer, model_errors, model_from_checkpoint, parse_config, run_main, setup_device,
+                    stream_decoder)
 from model import GPT
 
 DEFAULTS = dict(
@@ -49,12 +50,12 @@ def check_settings(c):
 def load_model(c):
     """(model, tokenizer) from out_dir/ckpt.pt or from GPT-2 weights."""
     if c['init_from'] == 'resume':
-        ckpt = load_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'))
-        model = GPT.from_checkpoint(ckpt)
+        model, ckpt = model_from_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'))
         # nanoGPT checkpoints carry no tokenizer: theirs are GPT-2 BPE (OpenWebText, Shakespeare)
         name = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')
         return model, get_tokenizer(name)
-    return GPT.from_pretrained(c['init_from']), get_tokenizer('gpt2')
+    with model_errors():
+        return GPT.from_pretrained(c['init_from']), get_tokenizer('gpt2')
 
 
 def read_prompt(start):
@@ -77,11 +78,11 @@ def encode_prompt(text, tok, model):
     if max(ids) >= vocab:
         raise UserError(f"the prompt has token {max(ids)}, outside the model's vocabulary of {vocab}: "
                         f"this checkpoint was not trained with the {tok.name} tokenizer")
-    bs = model.config.block_size
-    if len(ids) > bs:
-        print(f"warning: the prompt has {len(ids)} tokens, more than block_size {bs}: keeping the last {bs}",
+    block = model.config.block_size
+    if len(ids) > block:
+        print(f"warning: the prompt has {len(ids)} tokens, more than block_size {block}: keeping the last {block}",
               file=sys.stderr)
-        ids = ids[-bs:]
+        ids = ids[-block:]
     return ids
 
 

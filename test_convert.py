@@ -8,7 +8,7 @@ import torch
 import convert
 import sample
 import train
-from common import UserError, load_checkpoint, save_checkpoint
+from common import UserError, load_checkpoint, model_errors, save_checkpoint
 from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,7 +57,7 @@ def test_exact_settings_convert_to_identical_logits(data_root, tmp_path, name):
     src = GPT.from_checkpoint(load_checkpoint(os.path.join(src_dir, 'ckpt.pt')), verbose=False).eval()
     dst_ckpt = load_checkpoint(str(tmp_path / 'dst' / 'ckpt.pt'))
     dst = GPT.from_checkpoint(dst_ckpt, verbose=False).eval()
-    assert dst.config.query_identity and dst.config.scale == src.config.scale and not dst.config.tie_weights
+    assert dst.config.query == 'identity' and dst.config.scale == src.config.scale and not dst.config.tie_weights
     prompt = torch.tensor([[10, 60, 32, 101]])
     assert torch.equal(src.generate(prompt, 40, temperature=0.0), dst.generate(prompt, 40, temperature=0.0))
 
@@ -130,10 +130,13 @@ def test_gpt2_import_matches_transformers(tmp_path):
 
 
 def test_gpt2_import_errors_are_clear(tmp_path):
-    with pytest.raises(UserError, match='init_from must be'):
+    with pytest.raises(ValueError, match='init_from must be'):  # model.py raises; a script makes it one line
         GPT.from_pretrained('gpt3')
+    with pytest.raises(UserError, match='init_from must be'):
+        with model_errors():
+            GPT.from_pretrained('gpt3')
     pytest.importorskip('transformers', reason='transformers is the optional GPT-2 import dependency')
-    with pytest.raises(UserError, match="cannot load GPT-2 weights 'gpt2'.*without network"):
+    with pytest.raises(ValueError, match="cannot load GPT-2 weights 'gpt2'.*without network"):
         GPT.from_pretrained('gpt2')  # the hub is unreachable here (HF_HUB_OFFLINE in conftest)
 
 

@@ -11,7 +11,7 @@ import common
 import experiment as E
 import report
 import train
-from model import GPT
+from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -129,20 +129,25 @@ def test_arms_come_from_their_config_files_at_the_experiment_geometry():
     run = E.Run('reduced_mlp', 4e-3, 0.1, 101, budget=0.25, init_std=0.049)
     cmd = E.command(run, base, 'out-x/r')
     assert run.name == 'reduced_mlp_lr0.004_wd0.1_s101_b0.25_std0.049'
-    c = common.parse_config(train.DEFAULTS, cmd[2:])
+    c = train.settings(cmd[2:])
     assert (c['max_iters'], c['warmup_iters'], c['lr_decay_iters']) == (300, 6, 1715)  # the same schedule shape
     assert (c['mlp_hidden'], c['learning_rate'], c['min_lr'], c['weight_decay']) == (576, 4e-3, 4e-4, 0.1)
     assert (c['seed'], c['data_seed'], c['init_std'], c['n_head'], c['init_from']) == (101, 101, 0.049, 2, 'scratch')
 
 
 def test_followup_configs_state_its_protocol():
-    for name, lr, wd, min_lr in (('nonlinear', 2.4e-3, 2 ** -5, 3e-5), ('baseline_followup', 6e-4, 0.1, 6e-5)):
-        c = common.parse_config(train.DEFAULTS, [f'config/{name}.py'])
+    for name, lr, wd, min_lr, params, scale in (('nonlinear', 2.4e-3, 2 ** -5, 3e-5, 124_392_192, 1 / 16),
+                                                ('baseline_followup', 6e-4, 0.1, 6e-5, 124_373_760, 1 / 8)):
+        c = train.settings([f'config/{name}.py'])
+        with torch.device('meta'):
+            model = GPT(GPTConfig(**train.model_args_from(c, {'vocab_size': 50257})), verbose=False)
+        assert model.get_num_params() == params and model.config.scale == pytest.approx(scale)
+        assert f'{params:,} parameters' in open(f'config/{name}.py').read()  # its comment says so
         assert (c['max_iters'], c['lr_decay_iters'], c['warmup_iters']) == (60002, 60002, 2000)  # a full cosine
         assert (c['learning_rate'], c['weight_decay'], c['min_lr']) == (lr, wd, min_lr)
         assert train.lr_at(60002, c) == pytest.approx(min_lr)
         assert 'beyond_query_linearity' in open(f'config/{name}.py').read()
-    c = common.parse_config(train.DEFAULTS, ['config/nonlinear.py'])
+    c = train.settings(['config/nonlinear.py'])
     assert (c['query'], c['query_mix'], c['attn_scale']) == ('nonlinear', 1.0, 1 / 16)
 
 
@@ -169,20 +174,61 @@ def test_full_val_loss_is_every_val_token_once(data_root, tmp_path):
     assert saved['params'] == model.get_num_params() and saved['model_args']['n_layer'] == 1
 
 
+DIAG = dict(logit_std=[0.1], entropy=[1.0], entropy_norm=[0.5], q_rms=[1.0], k_rms=[0.2],
+            weight_norm=dict(attn_in=1.0, attn_out=1.0, mlp_in=1.0, mlp_out=1.0, embeddings=1.0))
+
+
 def fake_committed(root, run, loss):
     folder = os.path.join(root, E.NAME, run.name)
     os.makedirs(folder)
     with open(os.path.join(folder, 'config.json'), 'w') as f:
-        json.dump(dict(max_iters=10, seed=run.seed), f)
+        json.dump(dict(max_iters=10, seed=run.seed, weight_decay=run.wd, model_args=dict(n_layer=1, n_embd=32, n_head=2)), f)
     with open(os.path.join(folder, 'log.jsonl'), 'w') as f:
-        f.write(json.dumps(dict(iter=10, val_loss=loss, val_loss_full=loss)) + '\n')
+        f.write(json.dumps(dict(iter=10, tokens=100, val_loss=loss, val_loss_full=loss, diagnostics=DIAG)) + '\n')
+
+
+def synthetic_loss(run):
+    """Known answers: reduced is 0.5% + 0.1% per doubling of tokens behind, plus 0.2% at the wide init;
+    reduced_mlp within 0.05% of the baseline; nonlinear 1% ahead, with seed noise; tuning optimum interior."""
+    if run.seed == E.SELECTION_SEED:
+        return 2.0 + (math.log2(run.lr / 2e-3)) ** 2 * 0.01 + abs(run.wd - 2 ** -5)
+    base = 2.0 + 0.01 * (run.seed - 100) - 0.1 * math.log2(run.budget)
+    gap = dict(baseline=0.0, reduced=0.5 + 0.1 * math.log2(run.budget) + (0.2 if run.init_std else 0.0),
+               reduced_mlp=0.05 * (-1) ** run.seed, nonlinear=-1.0 + 0.1 * (run.seed % 3))[run.arm]
+    return base * (1 + gap / 100)
+
+
+def test_report_regenerates_every_block_and_figure_from_committed_logs(tmp_path):
+    pytest.importorskip('matplotlib', reason='matplotlib draws the experiment figures (pip install -r requirements-dev.txt)')
+    root = str(tmp_path / 'experiments')
+    while True:
+        todo = E.pending(root)[0]
+        if not todo:
+            break
+        for run in todo:
+            fake_committed(root, run, synthetic_loss(run))
+    docs = tmp_path / 'docs' / 'experiments.md'
+    docs.parent.mkdir()
+    docs.write_text(open(os.path.join(HERE, 'docs', 'experiments.md')).read())
+    made = E.main([f'--root={root}', f'--docs={docs}', '--report=True'])
+    assert E.fill(docs.read_text(), made) == docs.read_text()
+    selected = [line for line in made['tuning'].splitlines() if 'selected' in line]
+    assert [line.split(' | ')[1:3] for line in selected] == [['0.002', '0.03125']] * 4
+    assert made['tuning'].count('| bracketed |') == 4
+    verdicts = [line.rsplit('|', 2)[1].strip() for line in made['verdict'].splitlines()[3:]]
+    assert verdicts == ['**worse**', '**matches**', '**better**']
+    assert '| slope per doubling of tokens | +0.10% [+0.10%, +0.10%] |' in made['trend']
+    assert '| difference | | +0.20% [+0.20%, +0.20%]: **depends on the init geometry** |' in made['geometry']
+    assert 'assets/diagnostics.png' in made['diagnostics']
+    for png in ('trend.png', 'geometry.png', 'diagnostics.png'):
+        assert (tmp_path / 'docs' / 'assets' / png).read_bytes()[:4] == b'\x89PNG'
 
 
 def test_runner_runs_commits_and_skips(data_root, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(HERE)
     tiny = ('--n_layer=1', '--block_size=32', '--batch_size=2', '--eval_iters=1', f'--data_root={data_root}',
             '--dataset=tiny', '--max_iters=3', '--eval_interval=3')
-    monkeypatch.setattr(E, 'base_config', lambda: common.parse_config(train.DEFAULTS, [*E.BASE, *tiny]))
+    monkeypatch.setattr(E, 'base_config', lambda: train.settings([*E.BASE, *tiny]))
     real_command = E.command
     monkeypatch.setattr(E, 'command', lambda run, base, work: real_command(run, base, work) + list(tiny))
     monkeypatch.setattr(E, 'ARMS', ('baseline', 'reduced'))

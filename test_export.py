@@ -16,8 +16,8 @@ transformers = pytest.importorskip('transformers', reason='transformers is the o
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = {
     'baseline': [],
-    'reduced': ['--query_identity=True', '--weight_decay=0.03125'],  # the halved scale is folded into W_Q
-    'reduced_mlp': ['--query_identity=True', '--mlp_hidden=144', '--tie_weights=False'],
+    'reduced': ['--query=identity', '--weight_decay=0.03125'],  # the halved scale is folded into W_Q
+    'reduced_mlp': ['--query=identity', '--mlp_hidden=144', '--tie_weights=False'],
     'key_identity_bias': ['--key_identity=True', '--bias=True', '--activation=relu'],
 }
 

@@ -9,12 +9,17 @@ from model import GPT, GPTConfig, CausalSelfAttention
 GPT2 = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, bias=False)
 PAPER_VARIANTS = [  # (overrides, total params, attention scale) from the paper's table
     (dict(), 124_373_760, 1 / 8),
-    (dict(query_identity=True), 117_295_872, 1 / 16),
-    (dict(query_identity=True, mlp_hidden=3456), 124_373_760, 1 / 16),
+    (dict(query='identity'), 117_295_872, 1 / 16),
+    (dict(query='identity', mlp_hidden=3456), 124_373_760, 1 / 16),
     (dict(mlp_hidden=2688), 117_295_872, 1 / 8),
     (dict(n_embd=744, mlp_hidden=2976), 117_915_816, 1 / math.sqrt(62)),
 ]
-IDENTITIES = ['query_identity', 'key_identity', 'value_identity']
+IDENTITIES = ['query', 'key_identity', 'value_identity']  # which of W_Q, W_K, W_V is the identity
+
+
+def identity_kw(identity):
+    """The setting that makes one of W_Q, W_K, W_V the identity (None: none)."""
+    return {} if identity is None else dict(query='identity') if identity == 'query' else {identity: True}
 
 
 def tiny(**kw):
@@ -36,8 +41,8 @@ def test_paper_variant_counts_and_scales(overrides, params, scale):
 def test_reduced_saves_n_layer_n_embd_squared_and_a_quarter_of_attention():
     with torch.device('meta'):
         base = GPT(GPTConfig(**GPT2), verbose=False)
-        red = GPT(GPTConfig(**GPT2, query_identity=True), verbose=False)
-        red_b = GPT(GPTConfig(**{**GPT2, 'bias': True}, query_identity=True), verbose=False)
+        red = GPT(GPTConfig(**GPT2, query='identity'), verbose=False)
+        red_b = GPT(GPTConfig(**{**GPT2, 'bias': True}, query='identity'), verbose=False)
         base_b = GPT(GPTConfig(**{**GPT2, 'bias': True}), verbose=False)
     assert base.get_num_params() - red.get_num_params() == 12 * 768 ** 2
     assert base_b.get_num_params() - red_b.get_num_params() == 12 * (768 ** 2 + 768)
@@ -47,7 +52,7 @@ def test_reduced_saves_n_layer_n_embd_squared_and_a_quarter_of_attention():
 
 def test_construction_prints_parameter_count(capsys):
     with torch.device('meta'):
-        GPT(GPTConfig(**GPT2, query_identity=True))
+        GPT(GPTConfig(**GPT2, query='identity'))
     assert 'number of parameters: 117.30M' in capsys.readouterr().out
 
 
@@ -56,9 +61,9 @@ def reference_attention(attn, x, cfg, scale):
     B, T, C = x.shape
     hd, nh, nkv = C // cfg.n_head, cfg.n_head, cfg.n_kv_head
     W = attn.c_attn.weight.T  # row-vector convention: x @ W
-    dims = [0 if cfg.query_identity else C, 0 if cfg.key_identity else nkv * hd, 0 if cfg.value_identity else nkv * hd]
+    dims = [0 if cfg.query == 'identity' else C, 0 if cfg.key_identity else nkv * hd, 0 if cfg.value_identity else nkv * hd]
     Wq, Wk, Wv = W.split(dims, dim=1)
-    q = x if cfg.query_identity else x @ Wq
+    q = x if cfg.query == 'identity' else x @ Wq
     k = x if cfg.key_identity else x @ Wk
     v = x if cfg.value_identity else x @ Wv
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -79,18 +84,18 @@ ATTENTION_CASES = [(i, h, kv) for i in [None] + IDENTITIES for h, kv in HEADS
 
 @pytest.mark.parametrize('identity,n_head,n_kv_head', ATTENTION_CASES)
 def test_attention_matches_independent_computation(identity, n_head, n_kv_head):
-    cfg = GPTConfig(n_embd=32, n_head=n_head, n_kv_head=n_kv_head, **({identity: True} if identity else {}))
+    cfg = GPTConfig(n_embd=32, n_head=n_head, n_kv_head=n_kv_head, **identity_kw(identity))
     torch.manual_seed(1)
     attn = CausalSelfAttention(cfg).double()
     x = torch.randn(2, 7, 32, dtype=torch.float64)
     expected = reference_attention(attn, x, cfg, cfg.scale)
     torch.testing.assert_close(attn(x), expected, rtol=1e-10, atol=1e-12)
-    if identity == 'query_identity':
+    if identity == 'query':
         assert attn.c_attn.weight.shape == (2 * n_kv_head * (32 // n_head), 32)
 
 
 def test_explicit_scale_is_honoured():
-    cfg = GPTConfig(n_embd=32, n_head=4, query_identity=True, attn_scale=0.37)
+    cfg = GPTConfig(n_embd=32, n_head=4, query='identity', attn_scale=0.37)
     torch.manual_seed(2)
     attn = CausalSelfAttention(cfg).double()
     x = torch.randn(1, 6, 32, dtype=torch.float64)
@@ -125,7 +130,7 @@ def test_reparametrization_lemma():
     Qi = torch.linalg.inv(Wq)
     torch.testing.assert_close(Qi @ Wq, torch.eye(C, dtype=torch.float64), rtol=0, atol=1e-10)
     # the reduced module, given X W_Q and the folded K/V weights, reproduces the full attention
-    attn = CausalSelfAttention(GPTConfig(n_embd=C, n_head=nh, query_identity=True, attn_scale=0.3)).double()
+    attn = CausalSelfAttention(GPTConfig(n_embd=C, n_head=nh, query='identity', attn_scale=0.3)).double()
     with torch.no_grad():
         attn.c_attn.weight.copy_(torch.cat([Qi @ Wk, Qi @ Wv], dim=1).T)
         attn.c_proj.weight.copy_(torch.eye(C))
@@ -134,7 +139,7 @@ def test_reparametrization_lemma():
 
 @pytest.mark.parametrize('identity', [None] + IDENTITIES)
 def test_causality(identity):
-    model = tiny(**({identity: True} if identity else {})).eval()
+    model = tiny(**identity_kw(identity)).eval()
     idx = torch.randint(0, 64, (1, 12))
     logits, _ = model(idx, targets=idx)
     changed = idx.clone()
@@ -161,11 +166,11 @@ def test_theory_settings_parameter_counts():
 
 
 @pytest.mark.parametrize('kw,steps', [
-    (dict(), 80), (dict(query_identity=True), 80), (dict(key_identity=True), 80), (dict(value_identity=True), 80),
-    (dict(query_identity=True, n_kv_head=2), 80), (dict(query_identity=True, share_layers=True), 80),
-    (dict(query_identity=True, norm=False), 80),
+    (dict(), 80), (dict(query='identity'), 80), (dict(key_identity=True), 80), (dict(value_identity=True), 80),
+    (dict(query='identity', n_kv_head=2), 80), (dict(query='identity', share_layers=True), 80),
+    (dict(query='identity', norm=False), 80),
     # without the MLP skip connection the MLP output replaces the stream: slower to fit
-    (dict(query_identity=True, norm=False, mlp_residual=False), 200)])
+    (dict(query='identity', norm=False, mlp_residual=False), 200)])
 def test_tiny_model_overfits_one_batch(kw, steps):
     model = tiny(**kw)
     torch.manual_seed(4)
@@ -183,8 +188,8 @@ def test_tiny_model_overfits_one_batch(kw, steps):
 
 
 @pytest.mark.parametrize('kw,message', [
-    (dict(query_identity=True, key_identity=True), 'at most one of'),
-    (dict(key_identity=True, value_identity=True, query_identity=True), 'at most one of'),
+    (dict(query='identity', key_identity=True), 'at most one of'),
+    (dict(key_identity=True, value_identity=True, query='identity'), 'at most one of'),
     (dict(n_head=4, n_kv_head=3), 'multiple of n_kv_head'),
     (dict(n_head=4, n_kv_head=2, key_identity=True), 'n_kv_head == n_head'),
     (dict(n_head=4, n_kv_head=2, value_identity=True), 'n_kv_head == n_head'),
@@ -203,7 +208,7 @@ def test_sequence_longer_than_block_size_is_an_error():
 
 
 def test_flops_follow_the_model_and_cpu_has_no_peak():
-    base, red = tiny(), tiny(query_identity=True)
+    base, red = tiny(), tiny(query='identity')
     assert base.flops_per_token(16) - red.flops_per_token(16) == 6 * 2 * 32 * 32
     shared = tiny(share_layers=True)
     assert shared.flops_per_token(16) == base.flops_per_token(16)  # a shared block still runs n_layer times
@@ -286,16 +291,19 @@ def test_query_parameter_counts_and_flops():
     assert counts['nonlinear'].param_breakdown()['attention'] == counts['linear'].param_breakdown()['attention'] + 12 * 1536
 
 
-def test_query_identity_is_a_shorthand_for_the_identity_mode():
-    assert GPTConfig(query_identity=True).query == 'identity'
-    assert GPTConfig(query='identity').query_identity is True
-    assert GPTConfig(query='nonlinear').query_identity is False and GPTConfig().query == 'linear'
-    assert GPTConfig(query='identity').scale == GPTConfig(query_identity=True).scale == 1 / 16
+def test_query_is_the_one_setting_and_the_old_shorthand_is_still_read():
+    assert 'query_identity' not in GPTConfig().__dict__ and GPTConfig().query == 'linear'
+    assert GPTConfig.from_dict(dict(query_identity=True)).query == 'identity'
+    assert GPTConfig.from_dict(dict(query_identity=False)).query == 'linear'
+    assert GPTConfig(query='identity').scale == GPTConfig.from_dict(dict(query_identity=True)).scale == 1 / 16
+    with pytest.raises(ValueError, match="query_identity=True contradicts query='residual'"):
+        GPTConfig.from_dict(dict(query='residual', query_identity=True))
 
 
 def test_checkpoint_saved_with_query_identity_loads_with_identical_logits():
-    old = tiny(query_identity=True).eval()
-    args = {k: v for k, v in old.config.__dict__.items() if k not in ('query', 'query_rank', 'query_mix')}
+    old = tiny(query='identity').eval()
+    args = {k: v for k, v in old.config.__dict__.items() if k not in ('query', 'query_rank', 'query_mix', 'init_std')}
+    args['query_identity'] = True
     ckpt = dict(model=old.state_dict(), model_args=args)  # what the first release wrote
     new = GPT.from_checkpoint(ckpt, verbose=False).eval()
     assert new.config.query == 'identity'
@@ -318,7 +326,6 @@ def test_relu_is_relu():
 
 @pytest.mark.parametrize('kw,message', [
     (dict(query='bogus'), 'query must be one of'),
-    (dict(query='residual', query_identity=True), 'contradicts'),
     (dict(query='nonlinear', key_identity=True), 'at most one of'),
     (dict(query='nonlinear', query_rank=0), 'query_rank must be positive'),
     (dict(query='nonlinear', query_mix=0.0), 'query_mix must be positive'),

@@ -15,12 +15,12 @@ from model import GPT, GPTConfig, KVCache, sample_next
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = {
     'baseline': dict(),
-    'query_identity': dict(query_identity=True),
+    'query_identity': dict(query='identity'),
     'key_identity': dict(key_identity=True),
     'value_identity': dict(value_identity=True),
-    'gqa': dict(query_identity=True, n_kv_head=2),
+    'gqa': dict(query='identity', n_kv_head=2),
     'mqa_baseline': dict(n_kv_head=1),
-    'shared_no_norm': dict(query_identity=True, share_layers=True, norm=False),
+    'shared_no_norm': dict(query='identity', share_layers=True, norm=False),
     'residual': dict(query='residual'),
     'residual_gelu': dict(query='residual_gelu'),
     'nonlinear': dict(query='nonlinear'),
@@ -64,7 +64,7 @@ def test_cached_and_uncached_decoding_agree_past_block_size(name):
 
 
 def test_prefill_then_step_matches_full_forward_at_every_position():
-    model = tiny(query_identity=True, n_kv_head=2)
+    model = tiny(query='identity', n_kv_head=2)
     idx = torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(2))
     full, _ = model(idx, targets=idx)  # logits at every position
     cache = KVCache(model.config, 1)
@@ -82,7 +82,7 @@ def test_cache_memory_scales_with_n_kv_head():
     assert sizes[8] == 2 * 2 * 3 * 8 * 32 * 8 * 4  # K and V, layers, batch, heads, positions, head_dim, fp32
     assert sizes[8] == 2 * sizes[4] == 8 * sizes[1]
     # the reduced model's cache is as large as the baseline's: only W_Q went
-    assert KVCache(GPTConfig(query_identity=True, n_layer=2), 1).nbytes() == KVCache(GPTConfig(n_layer=2), 1).nbytes()
+    assert KVCache(GPTConfig(query='identity', n_layer=2), 1).nbytes() == KVCache(GPTConfig(n_layer=2), 1).nbytes()
 
 
 def test_fixed_seed_reproduces_a_sample():

@@ -1,5 +1,5 @@
 # The baseline of the follow-up (arXiv 2603.13381) under its own protocol, for config/nonlinear.py.
-# GPT-2 small, 124,373,760 parameters. Every number below is from the follow-up's published config
+# GPT-2 small: 124,373,760 parameters. Every number below is from the follow-up's published config
 #   github.com/MarkoKarbevski/beyond_query_linearity, commit 1bf4bd1,
 #   configs/configs_tied/config_tiedw_original.py
 out_dir = 'out-baseline-followup'

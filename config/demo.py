@@ -4,7 +4,7 @@
 from config.small import *  # noqa: F401,F403 (config files are plain Python: this stacks them)
 
 out_dir = 'out-demo'
-query_identity = True
+query = 'identity'
 weight_decay = 2 ** -5
 eval_interval = 250
 eval_iters = 20
