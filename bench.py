@@ -214,7 +214,7 @@ def bench_prepare(c):
     import prepare
     from common import get_tokenizer
     tok = get_tokenizer(c['tokenizer'])
-    docs = prepare.pydocs_documents() * c['repeat']
+    docs = list(prepare.pydocs_documents()) * c['repeat']
     t0 = time.perf_counter()
     n = sum(len(tok.encode(d)) + 1 for d in docs)
     single = n / (time.perf_counter() - t0)

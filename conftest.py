@@ -13,6 +13,12 @@ if 'TIKTOKEN_CACHE_DIR' not in os.environ and os.path.isdir(_cache):
 os.environ['HF_HOME'] = tempfile.mkdtemp(prefix='kvgpt-hf-')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_DISABLE_PROGRESS_BARS', '1')
+if os.environ.get('PYTEST_XDIST_WORKER'):
+    # one thread per pytest-xdist worker (and per process it starts): OpenMP threads spin while they
+    # wait, so two workers of two threads each on two cores run several times slower than one
+    os.environ['OMP_NUM_THREADS'] = '1'
+    import torch
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope='session')

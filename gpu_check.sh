@@ -24,7 +24,7 @@ fi
 run() { echo "== $*" | tee -a "$OUT/log.txt"; "$@" 2>&1 | tee -a "$OUT/log.txt"; }
 
 # 1. the CUDA-marked tests (each skipped with its reason on a machine without CUDA)
-run python -m pytest -m cuda -q -rs -p no:cacheprovider test_gpu.py > "$OUT/pytest.txt" || true
+run python -m pytest -m cuda -q -rs -n 0 -p no:cacheprovider test_gpu.py > "$OUT/pytest.txt" || true
 # 2. training steps, side by side
 run python bench.py --variants=baseline,reduced,reduced_mlp,nonlinear $BENCH --json_out="$OUT/bench_train.jsonl"
 # 3. a short real run under torchrun, then a resume

@@ -13,6 +13,7 @@ rename -> meta.json last. meta.json is the mark of a finished run: it is removed
 before any rewrite and written only when both bins are complete.
 """
 import ast
+import functools
 import glob
 import os
 import sysconfig
@@ -42,10 +43,12 @@ LOCAL_BUILDERS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet':
 # -----------------------------------------------------------------------------
 # the embedded corpus: English text every Python installation carries
 
+@functools.lru_cache(maxsize=1)
 def pydocs_documents():
     """'pydocs': the pydoc topic pages (the language reference behind help('if'), ...) plus
     the docstrings of every standard-library module, one document per topic / per module,
-    in sorted order: the same bytes on every machine with the same Python build."""
+    in sorted order: the same bytes on every machine with the same Python build. A tuple,
+    made once per process (parsing the standard library takes seconds)."""
     from pydoc_data.topics import topics
     docs = [f"{name}\n\n{text.strip()}\n" for name, text in sorted(topics.items())]
     root = sysconfig.get_paths()['stdlib']
@@ -68,7 +71,7 @@ def pydocs_documents():
                     parts.append(f"{title}\n\n{doc.strip()}\n")
         if parts:
             docs.append('\n'.join(parts))
-    return docs
+    return tuple(docs)
 
 
 # -----------------------------------------------------------------------------
@@ -96,7 +99,7 @@ def load_source(c):
     datasets.logging.set_verbosity_error()
     name = c['dataset']
     if name == 'pydocs':
-        return datasets.Dataset.from_dict({c['text_column']: pydocs_documents()})
+        return datasets.Dataset.from_dict({c['text_column']: list(pydocs_documents())})
     # openwebtext loads from hub_id, which may also be a local copy with the same schema
     source = c['hub_id'] if name == 'openwebtext' else name
     if is_local(source):

@@ -36,6 +36,7 @@ def test_bench_sample_compares_cache_with_recomputation(capsys):
     assert 'speedup' in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_bench_prepare_counts_every_token():
     r = bench.main(['--mode=prepare', '--tokenizer=byte', '--num_proc=1', '--repeat=1'])
     assert r['tokens'] > 2_000_000 and r['prepare_tokens_per_s'] > 0 and 0 < r['fraction_of_ideal']
@@ -68,6 +69,7 @@ def test_report_table_and_plot(data_root, tmp_path):
     assert final == [round(r['evals'][-1]['val_loss_full'], 4) for r in runs]  # every val token, not a sample
 
 
+@pytest.mark.slow
 def test_report_errors_are_clear(tmp_path):
     with pytest.raises(UserError, match='no log.jsonl'):
         report.main([str(tmp_path)])

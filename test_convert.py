@@ -102,6 +102,7 @@ def test_singular_query_weight_and_query_bias_are_refused(data_root, tmp_path):
         run_convert(src_dir, tmp_path / 'dst', data_root=data_root)
 
 
+@pytest.mark.slow
 def test_cli_refusal_is_one_line(data_root, tmp_path):
     src_dir = trained(data_root, tmp_path / 'src', n_layer=1)
     r = subprocess.run([sys.executable, 'convert.py', f'--in_dir={src_dir}'], cwd=HERE, capture_output=True, text=True)

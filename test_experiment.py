@@ -224,6 +224,7 @@ def test_report_regenerates_every_block_and_figure_from_committed_logs(tmp_path)
         assert (tmp_path / 'docs' / 'assets' / png).read_bytes()[:4] == b'\x89PNG'
 
 
+@pytest.mark.slow
 def test_runner_runs_commits_and_skips(data_root, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(HERE)
     tiny = ('--n_layer=1', '--block_size=32', '--batch_size=2', '--eval_iters=1', f'--data_root={data_root}',

@@ -70,6 +70,7 @@ def test_exported_tokenizer_is_gpt2s(runs, tmp_path):
     assert tok.eos_token_id == 50256
 
 
+@pytest.mark.slow
 def test_models_gpt2_cannot_hold_are_refused_in_one_line(runs, tmp_path):
     ckpt = load_checkpoint(os.path.join(runs['baseline'], 'ckpt.pt'))
     nonlinear = GPT(GPT.from_checkpoint(ckpt, verbose=False).config.__class__(

@@ -116,9 +116,10 @@ def test_openwebtext_path_on_local_files_with_its_schema(tmp_path):
     assert meta['train_documents'] == 2398 and (tmp_path / 'data' / 'openwebtext' / 'train.bin').exists()
 
 
+@pytest.mark.slow
 def test_pydocs_is_deterministic_english_over_a_megabyte():
     docs = prepare.pydocs_documents()
-    assert docs == prepare.pydocs_documents()
+    assert docs == prepare.pydocs_documents.__wrapped__()  # made again from scratch, not the cached copy
     text = ''.join(docs)
     assert len(text.encode()) > 1_000_000 and text.count(' the ') > 10_000
 
@@ -152,6 +153,7 @@ def test_bad_input_is_one_clear_error(tmp_path, kw, message):
     assert not (tmp_path / 'data').exists() or not any(f.endswith('.bin') for _, _, fs in os.walk(tmp_path / 'data') for f in fs)
 
 
+@pytest.mark.slow
 def test_cli_error_is_one_line_without_traceback(tmp_path):
     r = subprocess.run([sys.executable, 'prepare.py', f'--dataset={tmp_path}/nope.txt', f'--data_root={tmp_path}'],
                        capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))

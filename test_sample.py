@@ -134,6 +134,7 @@ def cli(*args):
     return subprocess.run([sys.executable, 'sample.py', *args], cwd=HERE, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_sample_cli_end_to_end(trained):
     tokenizer, out = trained
     args = [f'--out_dir={out}', '--start=def ', '--num_samples=2', '--max_new_tokens=30', '--device=cpu']
@@ -165,6 +166,7 @@ def test_bad_sampling_input(kw, message):
         sample.sample(dict(sample.DEFAULTS, **kw))
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_and_long_prompt(tmp_path, trained):
     _, out = trained
     bad = tmp_path / 'bad'

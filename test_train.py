@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,6 +94,8 @@ def test_batches_are_matched_across_variants(data_root, tmp_path, monkeypatch):
     assert [o for s, o in seen if s == 'train'] != [o for s, o in base if s == 'train']
 
 
+@pytest.mark.xdist_group('torchrun')
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_with_double_accumulation(data_root, tmp_path):
     common = dict(dropout=0.0, max_iters=8, eval_interval=4, lr_decay_iters=8, diagnostics=False)
     single = run(data_root, tmp_path / 'one', gradient_accumulation_steps=2, **common)
@@ -108,6 +111,7 @@ def test_ddp_two_processes_match_one_with_double_accumulation(data_root, tmp_pat
     assert_same_state(final_state(tmp_path / 'one'), final_state(tmp_path / 'two'), exact=False)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_that_resumes_exactly(data_root, tmp_path):
     long = dict(max_iters=100000, lr_decay_iters=1000, eval_interval=1000, log_interval=1)
     proc = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, tmp_path / 'sig', **long)], cwd=HERE,
@@ -178,6 +182,7 @@ def test_resume_rejects_a_dataset_the_model_cannot_read(data_root, tmp_path):
         run(data_root, tmp_path, init_from='resume', block_size=64, max_iters=4)
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(data_root, tmp_path):
     r = subprocess.run([sys.executable, 'train.py', 'config/nope.py'], cwd=HERE, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
@@ -242,6 +247,8 @@ def test_resume_survives_a_log_line_cut_short(data_root, tmp_path):
     assert [e['iter'] for e in log][-4:] == [10, 11, 12, 12]
 
 
+@pytest.mark.xdist_group('torchrun')
+@pytest.mark.slow
 def test_sigterm_under_torchrun_saves_once_for_all_ranks(data_root, tmp_path):
     """torchrun forwards SIGTERM to every worker; the ranks agree on one step and rank 0 saves."""
     env = dict(os.environ, OMP_NUM_THREADS='1')
@@ -263,6 +270,7 @@ def test_sigterm_under_torchrun_saves_once_for_all_ranks(data_root, tmp_path):
     assert log[-1]['iter'] == ckpt['iter_num'] + 2
 
 
+@pytest.mark.slow
 def test_init_from_a_gpt2_folder(data_root, tmp_path):
     transformers = pytest.importorskip('transformers', reason='transformers is the optional GPT-2 import dependency')
     cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=50257)
@@ -285,6 +293,7 @@ def test_keep_checkpoints_writes_exactly_the_steps_asked_for(data_root, tmp_path
     assert load_checkpoint(str(tmp_path / 'ckpt.pt'))['iter_num'] == 6
 
 
+@pytest.mark.slow
 def test_second_run_on_an_out_dir_fails_and_a_killed_run_resumes_at_once(data_root, tmp_path):
     out = tmp_path / 'run'
     long = dict(max_iters=10 ** 5, lr_decay_iters=1000, eval_interval=20)
@@ -304,7 +313,7 @@ def test_second_run_on_an_out_dir_fails_and_a_killed_run_resumes_at_once(data_ro
     log = read_log(out)  # clean: each step and evaluation once, in order
     last = log[-1]['iter']
     assert [e['iter'] for e in log if 'loss' in e] == list(range(1, last + 1))
-    assert [e['iter'] for e in log if 'val_loss' in e] == list(range(0, last + 1, 20))
+    assert [e['iter'] for e in log if 'val_loss' in e] == list(range(0, last, 20))  # a stop after step `last` skips its eval
     killed = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, out, init_from='resume', eval_interval=2,
                                                                  max_iters=10 ** 5, lr_decay_iters=1000)],
                               cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -362,6 +371,8 @@ def test_diagnostics_off_logs_none_and_trains_the_same(data_root, tmp_path):
     assert_same_state(final_state(tmp_path / 'on'), final_state(tmp_path / 'off'))
 
 
+@pytest.mark.xdist_group('torchrun')
+@pytest.mark.slow
 def test_a_save_failure_on_rank_0_ends_both_ranks(data_root, tmp_path):
     out = tmp_path / 'ddp'
     (out / 'ckpt.pt.tmp').mkdir(parents=True)  # rank 0 cannot write the checkpoint's temporary file
@@ -373,10 +384,12 @@ def test_a_save_failure_on_rank_0_ends_both_ranks(data_root, tmp_path):
     assert f"error: cannot write {out}/ckpt.pt" in r.stderr and "error: rank 0 could not save" in r.stderr
 
 
+@pytest.mark.slow
 def test_pydocs_is_prepared_by_the_first_run_that_needs_it(tmp_path):
     """Two runs started together on a data_root without pydocs: one prepares it, once, in one line."""
     args = lambda name: [sys.executable, 'train.py', *argv(str(tmp_path / 'data'), tmp_path / name, dataset='pydocs',
-                                                           max_iters=1, eval_interval=1, n_layer=1)]
+                                                           max_iters=1, eval_interval=1, n_layer=1, block_size=128,
+                                                           batch_size=32)]  # few, large batches for the full val loss
     procs = [subprocess.Popen(args(n), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in 'ab']
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
@@ -460,12 +473,13 @@ def children(pid):
     return found
 
 
+@pytest.mark.xdist_group('torchrun')
 @pytest.mark.slow
 def test_a_killed_worker_is_restarted_by_torchrun_and_costs_nothing(data_root, tmp_path):
     """torchrun --max-restarts=1 reruns the same command after a worker is SIGKILLed; init_from='auto'
     resumes from the last checkpoint and the run ends bit-identical to an uninterrupted one."""
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    settings = dict(dropout=0.0, max_iters=300, lr_decay_iters=300, eval_interval=100, diagnostics=False,
+    settings = dict(dropout=0.0, max_iters=120, lr_decay_iters=120, eval_interval=40, diagnostics=False,
                     init_from='auto', log_interval=10)
 
     def torchrun(out):
@@ -482,12 +496,12 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_costs_nothing(data_root, t
     os.kill(workers[1], signal.SIGKILL)
     out, err = killed.communicate(timeout=240)
     assert killed.returncode == 0, err[-3000:]
-    assert 'resuming from' in out and 'starting at iter 100' in out  # the restart came from the checkpoint
+    assert 'resuming from' in out and re.search(r'starting at iter (40|80)\b', out)  # the restart came from a checkpoint
     straight = torchrun(tmp_path / 'straight')
     assert straight.wait(timeout=240) == 0
     a, b = read_log(tmp_path / 'killed'), read_log(tmp_path / 'straight')
     assert losses(a) == losses(b)  # every step and evaluation once, in order, and the same numbers
-    assert [e['iter'] for e in a if 'loss' in e] == list(range(10, 301, 10))
+    assert [e['iter'] for e in a if 'loss' in e] == list(range(10, 121, 10))
     assert_same_state(final_state(tmp_path / 'killed'), final_state(tmp_path / 'straight'))
 
 
