@@ -41,6 +41,7 @@ def test_training_step_compiles_as_one_graph(mode):
     assert counter.frame_count == 1 and all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.slow  # dynamic shapes take a second to trace per mode; the training graph above stays in the inner loop
 @pytest.mark.parametrize('mode', MODES)
 def test_prefill_and_decoding_compile_without_breaks_or_recompiles(mode):
     """As sample.py runs it: model.compile(dynamic=True), a prefill, then one token per step."""
