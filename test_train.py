@@ -510,6 +510,6 @@ def test_an_old_config_with_query_identity_means_query_identity(tmp_path):
     old.write_text("query_identity = True\nweight_decay = 2 ** -5\n")
     c = train.settings([str(old)])
     assert c['query'] == 'identity' and 'query_identity' not in c
-    assert train.settings([])['query'] == 'linear'
+    assert train.model_args_from(train.settings([]), {'vocab_size': 257})['query'] == 'linear'
     with pytest.raises(UserError, match="config: query_identity=True contradicts query='nonlinear'"):
         train.settings([str(old), '--query=nonlinear'])

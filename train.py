@@ -25,8 +25,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (UserError, device_peak_flops, pick_device, load_checkpoint, model_errors, model_from_checkpoint, open_dataset, parse_config, print_config,
-                    read_json, read_jsonl, run_main, save_checkpoint, setup_device, write_json, write_text)
+from common import (UserError, device_peak_flops, pick_device, load_checkpoint, model_errors, model_from_checkpoint,
+                    open_dataset, parse_config, print_config, read_json, read_jsonl, run_main, save_checkpoint,
+                    setup_device, write_json, write_text)
 from model import GPT, GPTConfig, upgrade_query
 
 # -----------------------------------------------------------------------------
@@ -80,7 +81,7 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig)]
 # every model field is a key, with GPTConfig's default (None where GPTConfig derives it)
 DEFAULTS.update({f.name: f.default for f in fields(GPTConfig) if f.name not in DEFAULTS})
 DEFAULTS['vocab_size'] = None  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
-DEFAULTS['query'] = None  # None: 'linear', or 'identity' where an old config sets query_identity
+DEFAULTS['query'] = None  # None: the model's default, 'linear' (so a resume does not report it as a change)
 DEFAULTS['query_identity'] = False  # the old spelling of query='identity': read, then folded into query
 TIMING_WARMUP = 2  # steps after each (re)start left out of step times, tokens/s, MFU and ETA: compilation
 
@@ -183,7 +184,7 @@ def check_same_data(ckpt, meta, c):
 
 
 def model_args_from(c, meta):
-    args = {k: c[k] for k in MODEL_KEYS}
+    args = upgrade_query({k: c[k] for k in MODEL_KEYS})  # query None: the model's default, 'linear'
     if args['vocab_size'] is None:
         args['vocab_size'] = -(-meta['vocab_size'] // 64) * 64  # round up: faster matmuls
     return args
@@ -577,8 +578,9 @@ def train(c):
 def settings(argv=None):
     """The run's config from defaults, config files and --key=value, with `query` the one query setting."""
     c = parse_config(DEFAULTS, argv)
-    with model_errors('config'):
-        c.update(upgrade_query({'query': c['query'], 'query_identity': c.pop('query_identity')}))
+    if c.pop('query_identity'):
+        with model_errors('config'):
+            c['query'] = upgrade_query({'query': c['query'], 'query_identity': True})['query']
     return c
 
 
