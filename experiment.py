@@ -210,7 +210,8 @@ def tuning_block(results):
             lrs, wds = {r.lr for r in runs if r.wd == chosen[1]}, {r.wd for r in runs if r.lr == LR_START}
             edges = [n for n, v, grid in (('LR', chosen[0], lrs), ('weight decay', chosen[1], wds))
                      if v in (min(grid), max(grid)) and v != 0]
-            rows.append(f"| {arm} | | | | {'on the edge: ' + ', '.join(edges) if edges else 'bracketed'} |")
+            word = 'on the edge: ' + ', '.join(edges) if edges else 'bracketed'
+            rows.append(f"| {arm} | | | | {word}{' (weight decay 0: the edge of its domain)' if chosen[1] == 0 else ''} |")
     return '\n'.join(rows) + '\n'
 
 
