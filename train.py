@@ -111,8 +111,30 @@ def setup_distributed(c):
     if device.startswith('cuda'):
         device = f"cuda:{os.environ['LOCAL_RANK']}"
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=c['backend'] or ('nccl' if device.startswith('cuda') else 'gloo'))
+    backend = c['backend'] or ('nccl' if device.startswith('cuda') else 'gloo')
+    store = restart_store(world)
+    if store is None:
+        dist.init_process_group(backend=backend)
+    else:
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
     return True, rank, world, device
+
+
+def restart_store(world):
+    """The store for the process group's handshake, or None for torchrun's own. torchrun's agent keeps
+    one store for all restarts, so a restarted round's gloo or NCCL handshake can read the previous
+    round's addresses and fail with 'Connection refused' (pytorch/pytorch#135712). On one node every
+    worker's restart count agrees, so each round gets keys of its own. Across nodes the counts can
+    differ (pytorch/pytorch#108158): there, torchrun itself must be told to use a fresh store."""
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True':
+        return None
+    if os.environ.get('GROUP_WORLD_SIZE', '1') != '1':
+        if os.environ.get('RANK') == '0' and os.environ.get('TORCHELASTIC_MAX_RESTARTS', '0') != '0':
+            print("warning: restarts across nodes may fail to reconnect; "
+                  "launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 so each restart gets a fresh store")
+        return None
+    store = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world, is_master=False)
+    return dist.PrefixStore(f"kvgpt/restart_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def lock_out_dir(out_dir):
