@@ -51,6 +51,7 @@ MAX_EXTENSIONS = 3  # bracket steps outward at most, per search
 TREND_ARMS, TREND_BUDGETS, TREND_SEEDS = ('baseline', 'reduced'), (0.25, 0.5), TEST_SEEDS[:4]
 GEOMETRY_ARMS, GEOMETRY_SEEDS = ('baseline', 'reduced'), TEST_SEEDS[:4]
 GEOMETRY_STD = round(0.02 * math.sqrt(768 / 128), 4)  # sigma * sqrt(d) of GPT-2 small at d = 128: 0.049
+REFINE = (LR_STEP ** -0.5, LR_STEP ** 0.5)  # the LR grid's resolution check: the selected LR over and times sqrt(2)
 MARGIN = 0.3  # % of loss: the smallest effect of interest ("matches" = within it, by two one-sided tests)
 
 
@@ -112,7 +113,7 @@ def tune(arm, results):
 def plan(results):
     """{phase: [runs]} of every run the design names given the results so far, and the arms
     whose later phases wait on their tuning."""
-    phases = dict(tuning=[], test=[], trend=[], geometry=[])
+    phases = dict(tuning=[], test=[], trend=[], geometry=[], refine=[])
     waiting = []
     for arm in ARMS:
         runs, chosen = tune(arm, results)
@@ -126,6 +127,7 @@ def plan(results):
             phases['trend'] += [Run(arm, lr, wd, s, budget=b) for b in TREND_BUDGETS for s in TREND_SEEDS]
         if arm in GEOMETRY_ARMS:
             phases['geometry'] += [Run(arm, lr, wd, s, init_std=GEOMETRY_STD) for s in GEOMETRY_SEEDS]
+        phases['refine'] += [Run(arm, float(f'{lr * f:.3g}'), wd, SELECTION_SEED) for f in REFINE]
     return phases, waiting
 
 
@@ -309,6 +311,30 @@ def geometry_block(results, phases):
     return '\n'.join(rows) + '\n\n![the paired gap at two init geometries](assets/geometry.png)\n'
 
 
+def refine_block(results, phases):
+    """The LR grid's resolution: each arm at its selected LR and its two sqrt(2) neighbours, seed 100."""
+    done = [r for r in phases['refine'] if r.name in results]
+    if not phases['refine'] or len(done) < len(phases['refine']):
+        return f"Not yet: {len(done)} of {len(REFINE) * len(ARMS)} runs have finished.\n"
+    rows = ["| arm | weight decay | loss at LR ÷√2, selected, ×√2 | best on the finer grid | gain | "
+            f"gap to {ARMS[0]}: selected → finer best |", "|---|---|---|---|---|---|"]
+    best, moved = {}, []
+    for arm in ARMS:
+        lr, wd = tune(arm, results)[1]
+        runs = sorted([Run(arm, lr, wd, SELECTION_SEED)] + [r for r in phases['refine'] if r.arm == arm], key=lambda r: r.lr)
+        losses = {r.lr: results[r.name] for r in runs}
+        top = min(losses, key=losses.get)
+        best[arm] = (losses[lr], losses[top])
+        if top != lr:
+            moved.append(arm)
+        gaps = "(reference)" if arm == ARMS[0] else ' → '.join(
+            pct(100 * (best[arm][i] - best[ARMS[0]][i]) / best[ARMS[0]][i]) for i in (0, 1))
+        rows.append(f"| {arm} | {wd:g} | " + ', '.join(f"{v:g}: {losses[v]:.4f}" for v in losses) +
+                    f" | {top:g} | {pct(100 * (losses[top] - losses[lr]) / losses[lr])} | {gaps} |")
+    verdict = (f"**grid-sensitive**: {', '.join(moved)}" if moved else "no arm's best moves on the finer grid")
+    return '\n'.join(rows) + f"\n\n{verdict}.\n"
+
+
 def figures(root, results, phases, folder):
     """The trend, geometry and diagnostics figures, each once its runs are all committed."""
     series, slopes = seed_slopes(results, phases)
@@ -357,7 +383,7 @@ def blocks(root):
     phases, _ = plan(results)
     return dict(tuning=tuning_block(results), verdict=verdict_block(results, phases),
                 trend=trend_block(results, phases), geometry=geometry_block(results, phases),
-                diagnostics=diagnostics_block(results, phases))
+                refine=refine_block(results, phases), diagnostics=diagnostics_block(results, phases))
 
 
 BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
