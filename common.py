@@ -47,6 +47,9 @@ def run_main(main):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # `python sample.py ... | head`: the reader has gone, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        sys.exit(141)
 
 
 # -----------------------------------------------------------------------------

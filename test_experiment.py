@@ -283,3 +283,16 @@ def test_docs_tables_match_the_committed_logs():
     made = E.blocks(os.path.join(HERE, 'experiments'))
     assert sorted(m.group(2) for m in E.BLOCK.finditer(text)) == sorted(made)
     assert E.fill(text, made) == text, "docs/experiments.md is stale: run python experiment.py --report=True"
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_is_not_an_error():
+    """`python experiment.py --status=True | head -3`: a closed pipe ends the script quietly (141, as a shell's SIGPIPE)."""
+    import subprocess
+    import sys
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line
+    r = subprocess.run([sys.executable, 'experiment.py', '--status=True'], cwd=HERE, stdout=write,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert (r.returncode, r.stderr) == (141, '')
