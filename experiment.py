@@ -10,7 +10,8 @@ takes the model settings an arm's file makes, evaluated at this experiment's geo
 variant is defined once. Tuning runs on a selection seed that no test uses: weight decay first
 at the starting LR, then LR at the best weight decay, each optimum bracketed (a best value on
 a grid's edge adds the next one outward). Then every arm at its own selected settings on fresh
-paired seeds (seed = data_seed), the trend over budgets and the init-geometry check.
+paired seeds (seed = data_seed), the trend over budgets, the init-geometry check, and each
+arm's selected LR over and times sqrt(2) on the selection seed (is a factor-2 grid fine enough?).
 
 A run trains in out-<name>/<run>/ (checkpoints, stdout); once it has finished, its log.jsonl
 and config.json are copied to experiments/<name>/<run>/, which is what is committed and what
