@@ -249,7 +249,9 @@ def verdict_block(results, phases):
         rows.append(f"{head} {pct(s['mean'])} ± {s['sd']:.2f}% | [{pct(s['mean'] - s['half'])}, "
                     f"{pct(s['mean'] + s['half'])}] ({100 * s['level']:.1f}%) | {fmt_p(s['p_t'])} ({fmt_p(s['p_t_holm'])}) "
                     f"| {fmt_p(s['p_perm'])} | {fmt_p(s['p_tost'])} ({fmt_p(s['p_tost_holm'])}) | **{s['verdict']}**{flag} |")
-    return '\n'.join(rows) + '\n'
+    noise = '; '.join(f"{arm} {stats[i]['mde']:.2f}%" for i, arm in enumerate(ARMS[1:]))
+    return '\n'.join(rows) + (f"\n\nThe smallest gap this noise detects with 80% power (n = {len(TEST_SEEDS)}, at the "
+                              f"level 0.05/{len(ARMS) - 1}): {noise}.\n")
 
 
 def seed_slopes(results, phases):
