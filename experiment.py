@@ -358,9 +358,9 @@ def figures(root, results, phases, folder):
     wide, std = geometry_gaps(results, phases)
     if len(wide) == len(std) == len(GEOMETRY_SEEDS):
         fig, ax = report.pyplot().subplots(figsize=(6, 4.5))
-        for seed in GEOMETRY_SEEDS:
+        for i, seed in enumerate(GEOMETRY_SEEDS):
             ax.plot([0.02, GEOMETRY_STD], [std[seed], wide[seed]], color=report.variant_color(GEOMETRY_ARMS[1]),
-                    marker='o', alpha=0.7, label=f"seed {seed}")
+                    marker='o', alpha=0.7, label=None if i else f"one line per test seed ({len(GEOMETRY_SEEDS)})")
         ax.axhline(0, color='black', lw=0.8)
         ax.set(xticks=[0.02, GEOMETRY_STD], xlabel='init_std', ylabel=f'{GEOMETRY_ARMS[1]} − {GEOMETRY_ARMS[0]} (%)',
                title='paired gap at two init geometries')
