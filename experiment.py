@@ -71,11 +71,16 @@ class Run:
         return f"{self.arm}_lr{self.lr:g}_wd{self.wd:g}_s{self.seed}{extra}"
 
 
+def grid_value(x):
+    """A grid value as runs are named: 3 significant digits (2e-3 * sqrt(2) -> 0.00283)."""
+    return float(f"{x:.3g}")
+
+
 def outward(x, grid, step):
-    """The next grid value past x outward, rounded to 3 significant digits; None below 0's edge."""
+    """The next grid value past x outward; None below 0's edge."""
     if x == max(grid):
-        return float(f"{x * step:.3g}")
-    return float(f"{x / step:.3g}") if x > 0 else None
+        return grid_value(x * step)
+    return grid_value(x / step) if x > 0 else None
 
 
 def bracket(losses, step):
@@ -128,7 +133,7 @@ def plan(results):
             phases['trend'] += [Run(arm, lr, wd, s, budget=b) for b in TREND_BUDGETS for s in TREND_SEEDS]
         if arm in GEOMETRY_ARMS:
             phases['geometry'] += [Run(arm, lr, wd, s, init_std=GEOMETRY_STD) for s in GEOMETRY_SEEDS]
-        phases['refine'] += [Run(arm, float(f'{lr * f:.3g}'), wd, SELECTION_SEED) for f in REFINE]
+        phases['refine'] += [Run(arm, grid_value(lr * f), wd, SELECTION_SEED) for f in REFINE]
     return phases, waiting
 
 

@@ -2,6 +2,8 @@
 import json
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -290,8 +292,6 @@ def test_docs_tables_match_the_committed_logs():
 @pytest.mark.slow
 def test_a_reader_that_stops_early_is_not_an_error():
     """`python experiment.py --status=True | head -3`: a closed pipe ends the script quietly (141, as a shell's SIGPIPE)."""
-    import subprocess
-    import sys
     read, write = os.pipe()
     os.close(read)  # the reader has gone before the first line
     r = subprocess.run([sys.executable, 'experiment.py', '--status=True'], cwd=HERE, stdout=write,
