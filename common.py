@@ -312,6 +312,15 @@ class Dataset:
         g = torch.Generator().manual_seed(seed)
         return torch.randint(self.tokens(split) - self.block_size - 1, (count,), generator=g).numpy()
 
+    def repeated_tokens(self, count, *key):
+        """(count, 2P) rows of P random tokens, then the same P again (2P: block_size rounded
+        down to even), drawn from key alone and never the end-of-document token (the last id):
+        the probe of GPT.induction."""
+        seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
+        g = torch.Generator().manual_seed(seed)
+        half = torch.randint(self.meta['vocab_size'] - 1, (count, self.block_size // 2), generator=g)
+        return torch.cat([half, half], dim=1)
+
     def tiling(self, split, batch_size):
         """Batches of up to batch_size window starts, with their window length, in which every token of the split
         after the first is a target exactly once, in order: full windows end to end, then one

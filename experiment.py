@@ -31,12 +31,14 @@ import report
 import train
 
 DEFAULTS = dict(
-    jobs=1,  # runs at a time; each gets cores // jobs threads (see docs/experiments.md for the measured rate)
+    jobs=1,  # runs at a time (see docs/benchmarks.md for the measured rate)
+    threads=None,  # threads per run; None: cores // jobs
     status=False,  # only list the runs and their state
     report=False,  # only regenerate the docs' tables and figures from experiments/<name>/
     dry=False,  # with the runner: print the commands it would start, start nothing
     root='experiments',  # committed logs: <root>/<name>/<run>/{log.jsonl,config.json}
     docs='docs/experiments.md',  # the write-up whose generated blocks --report rewrites
+    design='v3',  # which experiment the runner and --status work on: 'v3' (current) or 'verdict' (v2)
 )
 
 # -----------------------------------------------------------------------------
@@ -172,8 +174,8 @@ def final_loss(folder):
                 if 'val_loss_full' in e)
 
 
-def committed_results(root):
-    folder = os.path.join(root, NAME)
+def committed_results(root, name=None):
+    folder = os.path.join(root, name or NAME)
     names = os.listdir(folder) if os.path.isdir(folder) else []
     results = {n: final_loss(os.path.join(folder, n)) for n in names}
     return {n: v for n, v in results.items() if v is not None}
@@ -394,6 +396,19 @@ def blocks(root):
                 refine=refine_block(results, phases), diagnostics=diagnostics_block(results, phases))
 
 
+def write_figures(root, folder):
+    results = committed_results(root)
+    figures(root, results, plan(results)[0], folder)
+
+
+def all_blocks(root):
+    """The generated blocks of every design, by their (distinct) names."""
+    made = {}
+    for d in designs().values():
+        made.update(d.blocks(root))
+    return made
+
+
 BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
 
 
@@ -407,11 +422,11 @@ def write_report(c):
         raise UserError(f"{c['docs']} not found: --docs names the write-up whose generated blocks are rewritten")
     with open(c['docs']) as f:
         text = f.read()
-    made = blocks(c['root'])
+    made = all_blocks(c['root'])
     write_text(c['docs'], fill(text, made))
     print(f"wrote {len(made)} blocks into {c['docs']}")
-    results = committed_results(c['root'])
-    figures(c['root'], results, plan(results)[0], os.path.join(os.path.dirname(c['docs']), 'assets'))
+    for d in designs().values():
+        d.write_figures(c['root'], os.path.join(os.path.dirname(c['docs']), 'assets'))
     for name, md in made.items():
         print(f"\n{name}:\n{md}", end='')
     return made
@@ -420,44 +435,50 @@ def write_report(c):
 # -----------------------------------------------------------------------------
 # the runner
 
-def pending(root):
-    """(runs to start, in plan order, not yet committed; phases; arms waiting; results)."""
-    results = committed_results(root)
-    phases, waiting = plan(results)
+def designs():
+    """{name: the module that states it}: each has NAME, plan, command, base_config and blocks."""
+    import experiment_v3
+    return {NAME: sys.modules[__name__], experiment_v3.NAME: experiment_v3}
+
+
+def pending(root, d):
+    """(runs to start, in plan order, not yet committed; phases; arms waiting; results) of design d."""
+    results = committed_results(root, d.NAME)
+    phases, waiting = d.plan(results)
     todo = [r for runs in phases.values() for r in runs if r.name not in results]
     return list(dict.fromkeys(todo)), phases, waiting, results
 
 
-def start(run, c, base):
-    work = os.path.join(f'out-{NAME}', run.name)
+def start(run, c, base, d):
+    work = os.path.join(f'out-{d.NAME}', run.name)
     os.makedirs(work, exist_ok=True)
-    cmd = command(run, base, work)
+    cmd = d.command(run, base, work)
     print(f"{time.strftime('%H:%M:%S')} start {run.name}", flush=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // c['jobs'])))
+    env = dict(os.environ, OMP_NUM_THREADS=str(c['threads'] or max(1, (os.cpu_count() or 1) // c['jobs'])))
     out = open(os.path.join(work, 'stdout.txt'), 'a')
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env), work, out
 
 
-def finish(run, proc, work, out, root):
+def finish(run, proc, work, out, root, d):
     error = proc.stderr.read()
     out.close()
-    state = commit_run(work, os.path.join(root, NAME, run.name), error)
+    state = commit_run(work, os.path.join(root, d.NAME, run.name), error)
     tail = error.strip().splitlines()[-1] if error.strip() else f"exit code {proc.returncode}"
     print(f"{time.strftime('%H:%M:%S')} {state or 'stopped'} {run.name}" + ("" if state == 'finished' else f": {tail}"),
           flush=True)
     return state
 
 
-def run_all(c):
+def run_all(c, d):
     """Start runs as slots free up, re-planning after each one (a finished tuning run can name the
     next); a run that stops without finishing is not retried in this invocation."""
-    base, running, stopped = base_config(), {}, set()
+    base, running, stopped = d.base_config(), {}, set()
     while True:
-        todo, _, waiting, _ = pending(c['root'])
+        todo, _, waiting, _ = pending(c['root'], d)
         todo = [r for r in todo if r not in running and r not in stopped]
         while todo and len(running) < c['jobs']:
             run = todo.pop(0)
-            running[run] = start(run, c, base)
+            running[run] = start(run, c, base, d)
         if not running:
             print("nothing left to run" if not waiting and not stopped else
                   f"stopped: {len(stopped)} run(s) did not finish; run again to resume them")
@@ -466,22 +487,23 @@ def run_all(c):
         for run, (proc, work, out) in list(running.items()):
             if proc.poll() is not None:
                 del running[run]
-                if finish(run, proc, work, out, c['root']) is None:
+                if finish(run, proc, work, out, c['root'], d) is None:
                     stopped.add(run)
 
 
-def status(c):
-    todo, phases, waiting, results = pending(c['root'])
-    base = base_config()
+def status(c, d):
+    todo, phases, waiting, results = pending(c['root'], d)
+    base = d.base_config()
+    print(f"experiment {d.NAME}:")
     for phase, runs in phases.items():
         done = sum(r.name in results for r in dict.fromkeys(runs))
         print(f"{phase}: {done} of {len(set(runs))} named runs done")
     if waiting:
-        print(f"waiting on tuning: {', '.join(waiting)} (their test, trend and geometry runs are named once it ends)")
+        print(f"waiting on tuning: {', '.join(waiting)} (their later phases are named once it ends)")
     print(f"to run now: {len(todo)}" + ("" if todo else " (nothing left to run)" if not waiting else ""))
     for run in todo:
         print(f"  {run.name}" + ("" if not c['dry'] else
-                                 "\n    " + ' '.join(command(run, base, os.path.join(f'out-{NAME}', run.name))[1:])))
+                                 "\n    " + ' '.join(d.command(run, base, os.path.join(f'out-{d.NAME}', run.name))[1:])))
     return todo
 
 
@@ -501,10 +523,13 @@ def main(argv=None):
         raise UserError(f"jobs must be at least 1, got {c['jobs']}")
     if c['report']:
         return write_report(c)
+    known = designs()
+    if c['design'] not in known:
+        raise UserError(f"design must be one of {', '.join(known)}, got {c['design']!r}")
     if c['status'] or c['dry']:
-        return status(c)
+        return status(c, known[c['design']])
     with lock(c['root']):
-        run_all(c)
+        run_all(c, known[c['design']])
 
 
 if __name__ == '__main__':

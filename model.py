@@ -161,6 +161,36 @@ class QueryMLP(nn.Module):
         return self.ln(self.proj(F.gelu(self.fc(self.norm(x)))))
 
 
+def attention_path(x):
+    """'explicit' on a CPU computing in 16 bits, else 'sdpa'. The two compute the same function;
+    only their speed differs. On CPUs measured here (docs/benchmarks.md) the fused CPU kernel
+    behind F.scaled_dot_product_attention is the fastest in fp32 but the slowest in bf16, where
+    plain matmuls (oneDNN's bf16 GEMM) and one softmax win; on CUDA the fused kernels win."""
+    kind = x.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    return 'explicit' if kind == 'cpu' and dtype in (torch.bfloat16, torch.float16) else 'sdpa'
+
+
+def attend(q, k, v, mask, causal, scale, dropout_p=0.0, path=None):
+    """softmax(scale q k^T + mask) v for q (B, nh, T, hd) and k, v (B, nkv, S, hd); causal is
+    is_causal of F.scaled_dot_product_attention (query i sees keys 0..i), mask a boolean
+    (T, S) of allowed entries. path None: attention_path's choice."""
+    if (path or attention_path(q)) == 'sdpa':
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                              dropout_p=dropout_p, enable_gqa=k.size(1) != q.size(1))
+    if k.size(1) != q.size(1):  # grouped-query attention: each K/V head serves n_head/n_kv_head queries
+        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+        v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float('-inf'))
+    # the softmax in at least fp32, as the fused kernels compute it
+    probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
+    return F.dropout(probs, dropout_p) @ v if dropout_p > 0 else probs @ v
+
+
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
@@ -218,10 +248,7 @@ class CausalSelfAttention(nn.Module):
                 causal = False
                 if T > 1:
                     mask = torch.ones(T, p + T, dtype=torch.bool, device=x.device).tril(diagonal=p)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
-            dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=self.n_kv_head != self.n_head)
+        y = attend(q, k, v, mask, causal, self.scale, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -363,6 +390,18 @@ class GPT(nn.Module):
     # -------------------------------------------------------------------------
     # diagnostics: what the paper's two adjustments (halved scale, lower weight decay) act on
 
+    def attention_probs(self, block, x):
+        """Block's attention probabilities (B, n_head, T, T) on its input x, in fp32, with q and k."""
+        attn, T = block.attn, x.size(1)
+        q, k, _ = attn.qkv(block.ln_1(x))
+        q, k = q.float(), k.float().repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        scores = attn.scale * q @ k.transpose(-1, -2)
+        return torch.softmax(scores.masked_fill(~causal, float('-inf')), dim=-1), scores, q, k
+
+    def embed(self, idx):
+        return self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.size(1), device=idx.device))
+
     @torch.no_grad()
     def diagnostics(self, idx):
         """On one batch idx (B, T), per layer: the std of the attention logits after the scale
@@ -370,17 +409,13 @@ class GPT(nn.Module):
         ln(t) at position t (position 1, with one key, is left out of the latter), and the RMS of
         q and k. Then the Frobenius norm of each weight group. It walks the blocks itself, so the
         training path is untouched; it materialises (B, n_head, T, T) scores: keep B small."""
-        B, T = idx.shape
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T, device=idx.device))
+        T = idx.size(1)
+        x = self.embed(idx)
         causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
         max_entropy = torch.arange(1, T + 1, device=idx.device, dtype=torch.float32).log()
         out = dict(logit_std=[], entropy=[], entropy_norm=[], q_rms=[], k_rms=[])
         for block in self.blocks():
-            attn = block.attn
-            q, k, _ = attn.qkv(block.ln_1(x))
-            q, k = q.float(), k.float().repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
-            scores = attn.scale * q @ k.transpose(-1, -2)
-            probs = torch.softmax(scores.masked_fill(~causal, float('-inf')), dim=-1)
+            probs, scores, q, k = self.attention_probs(block, x)
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # (B, nh, T); masked p = 0 adds 0
             out['logit_std'].append(scores[..., causal].std().item())
             out['entropy'].append(entropy.mean().item())
@@ -390,6 +425,24 @@ class GPT(nn.Module):
             x = block(x)
         out['weight_norm'] = self.weight_norms()
         return out
+
+    @torch.no_grad()
+    def induction(self, idx):
+        """On idx (B, 2P): P random tokens, then the same P again. Per layer and head, the induction
+        score: the mean attention that a token of the second copy pays to the token after its
+        earlier occurrence (position i attends to i - P + 1), the pattern of an induction head.
+        And repeat_loss, the mean loss on the second copy's targets, which such heads make
+        predictable. Small models form these heads in one sudden drop of the loss."""
+        P = idx.size(1) // 2
+        x, scores = self.embed(idx), []
+        rows = torch.arange(P, 2 * P, device=idx.device)
+        for block in self.blocks():
+            probs = self.attention_probs(block, x)[0]
+            scores.append(probs[:, :, rows, rows - P + 1].mean(dim=(0, 2)).tolist())
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))[:, P:-1].float()
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx[:, P + 1:].reshape(-1))
+        return dict(induction=scores, repeat_loss=loss.item())
 
     def weight_norms(self):
         """Frobenius norm of each group of matrices, over all layers (each tensor once)."""

@@ -2,7 +2,8 @@
 Tokenize a text corpus into data/<name>/train.bin, val.bin (flat token ids, read by
 train.py through np.memmap) and meta.json (tokenizer, vocab, dtype, counts, source).
 
-    python prepare.py --dataset=pydocs                 # embedded corpus, offline, ~20 s
+    python prepare.py --dataset=pydocs                 # embedded corpus, offline, ~10 s
+    python prepare.py --dataset=pysource               # the stdlib's source, offline, ~10x pydocs
     python prepare.py                                  # OpenWebText from the hub (54 GB)
     python prepare.py --dataset=my_docs.jsonl --text_column=body
     python prepare.py --dataset=some_user/some_hub_dataset --tokenizer=gpt2
@@ -24,10 +25,10 @@ from common import (SPLITS, UserError, bins_match_meta, get_tokenizer, parse_con
                     run_main, write_json)
 
 DEFAULTS = dict(
-    dataset='openwebtext',  # 'openwebtext', 'pydocs' (embedded), a hub id, or local file(s)/folder
+    dataset='openwebtext',  # 'openwebtext', 'pydocs' or 'pysource' (embedded), a hub id, or local files
     hub_id='Skylion007/openwebtext',  # where --dataset=openwebtext loads from
     text_column='text',
-    tokenizer=None,  # 'gpt2' or 'byte'; None: byte for pydocs (no download), gpt2 otherwise
+    tokenizer=None,  # 'gpt2' or 'byte'; None: byte for the embedded corpora (no download), else gpt2
     val_size=None,  # fraction held out; None: 0.0005 for openwebtext (nanoGPT's split), else 0.05
     seed=2357,  # nanoGPT's split seed
     num_proc=max(1, (os.cpu_count() or 2) // 2),
@@ -35,13 +36,29 @@ DEFAULTS = dict(
     data_root='data',
     out_name=None,  # None: derived from the dataset
     force=False,  # re-run even when an identical finished run exists
-    progress=True,  # datasets' progress bars (train.py turns them off when it prepares pydocs itself)
+    progress=True,  # datasets' progress bars (off when train.py prepares an embedded corpus itself)
 )
 LOCAL_BUILDERS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}
 
 
 # -----------------------------------------------------------------------------
 # the embedded corpus: English text every Python installation carries
+
+def stdlib_files():
+    """(relative path, text) of every standard-library .py file outside the test suites and
+    installed packages, in sorted order: the same bytes on every machine with the same Python."""
+    root = sysconfig.get_paths()['stdlib']
+    skip = {'site-packages', 'dist-packages', 'test', 'tests', 'idle_test'}
+    for path in sorted(glob.glob(os.path.join(root, '**', '*.py'), recursive=True)):
+        rel = os.path.relpath(path, root)
+        if skip.intersection(rel.split(os.sep)):
+            continue
+        try:
+            with open(path, encoding='utf-8') as f:
+                yield rel, f.read()
+        except (UnicodeDecodeError, OSError):
+            continue
+
 
 @functools.lru_cache(maxsize=1)
 def pydocs_documents():
@@ -51,16 +68,10 @@ def pydocs_documents():
     made once per process (parsing the standard library takes seconds)."""
     from pydoc_data.topics import topics
     docs = [f"{name}\n\n{text.strip()}\n" for name, text in sorted(topics.items())]
-    root = sysconfig.get_paths()['stdlib']
-    skip = {'site-packages', 'dist-packages', 'test', 'tests', 'idle_test'}
-    for path in sorted(glob.glob(os.path.join(root, '**', '*.py'), recursive=True)):
-        rel = os.path.relpath(path, root)
-        if skip.intersection(rel.split(os.sep)):
-            continue
+    for rel, source in stdlib_files():
         try:
-            with open(path, encoding='utf-8') as f:
-                tree = ast.parse(f.read())
-        except (SyntaxError, UnicodeDecodeError, ValueError):
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
             continue
         parts = []
         for node in ast.walk(tree):
@@ -72,6 +83,17 @@ def pydocs_documents():
         if parts:
             docs.append('\n'.join(parts))
     return tuple(docs)
+
+
+@functools.lru_cache(maxsize=1)
+def pysource_documents():
+    """'pysource': the standard library's own source, one document per module file (its path
+    as the first line), in sorted order: about ten times pydocs, for runs that need more
+    tokens than pydocs holds without repeating them."""
+    return tuple(f"# {rel}\n{source}" for rel, source in stdlib_files())
+
+
+EMBEDDED = {'pydocs': pydocs_documents, 'pysource': pysource_documents}  # offline, byte-level by default
 
 
 # -----------------------------------------------------------------------------
@@ -98,8 +120,8 @@ def load_source(c):
     import datasets
     datasets.logging.set_verbosity_error()
     name = c['dataset']
-    if name == 'pydocs':
-        return datasets.Dataset.from_dict({c['text_column']: list(pydocs_documents())})
+    if name in EMBEDDED:
+        return datasets.Dataset.from_dict({c['text_column']: list(EMBEDDED[name]())})
     # openwebtext loads from hub_id, which may also be a local copy with the same schema
     source = c['hub_id'] if name == 'openwebtext' else name
     if is_local(source):
@@ -170,7 +192,7 @@ def resolve(c):
     name = c['dataset']
     if not isinstance(name, str) or not name:
         raise UserError("--dataset must be a name, a hub id, or a path")
-    c['tokenizer'] = c['tokenizer'] or ('byte' if name == 'pydocs' else 'gpt2')
+    c['tokenizer'] = c['tokenizer'] or ('byte' if name in EMBEDDED else 'gpt2')
     if c['val_size'] is None:
         c['val_size'] = 0.0005 if name == 'openwebtext' else 0.05
     if not 0 < c['val_size'] < 1:

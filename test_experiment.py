@@ -206,7 +206,7 @@ def test_report_regenerates_every_block_and_figure_from_committed_logs(tmp_path)
     pytest.importorskip('matplotlib', reason='matplotlib draws the experiment figures (pip install -r requirements-dev.txt)')
     root = str(tmp_path / 'experiments')
     while True:
-        todo = E.pending(root)[0]
+        todo = E.pending(root, E)[0]
         if not todo:
             break
         for run in todo:

@@ -84,6 +84,11 @@ DEFAULTS['vocab_size'] = None  # None: the dataset's vocabulary rounded up to a 
 DEFAULTS['query'] = None  # None: the model's default, 'linear' (so a resume does not report it as a change)
 DEFAULTS['query_identity'] = False  # the old spelling of query='identity': read, then folded into query
 TIMING_WARMUP = 2  # steps after each (re)start left out of step times, tokens/s, MFU and ETA: compilation
+# Keys of the fixed windows and probes, next to (data_seed, step) keys of the training batches:
+# above 2**31, so no training step can draw the same windows.
+EVAL_KEY = 2 ** 31  # + split index (0 train, 1 val): the evaluation windows
+DIAGNOSTICS_KEY = 2 ** 31 + 7  # the val windows the attention diagnostics are measured on
+INDUCTION_KEY = 2 ** 31 + 8  # the repeated random tokens of the induction probe
 
 
 # -----------------------------------------------------------------------------
@@ -157,17 +162,19 @@ def lock_out_dir(out_dir):
 
 
 def open_data(c, master, ddp):
-    """The prepared dataset; the embedded pydocs corpus is prepared here when it is missing."""
-    meta_path = os.path.join(c['data_root'], 'pydocs', 'meta.json')
-    if c['dataset'] == 'pydocs' and not os.path.exists(meta_path):
+    """The prepared dataset; an embedded corpus (pydocs, pysource) is prepared here when missing."""
+    import prepare
+    meta_path = os.path.join(c['data_root'], c['dataset'], 'meta.json')
+    if c['dataset'] in prepare.EMBEDDED and not os.path.exists(meta_path):
         if master:
             os.makedirs(c['data_root'], exist_ok=True)
             with open(os.path.join(c['data_root'], '.prepare.lock'), 'a') as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # runs started together: one prepares, the others wait
                 if not os.path.exists(meta_path):
-                    import prepare
-                    print(f"no prepared pydocs in {c['data_root']}/: preparing the embedded corpus first (offline, ~10 s)")
-                    prepare.prepare(dict(prepare.DEFAULTS, dataset='pydocs', data_root=c['data_root'], progress=False))
+                    print(f"no prepared {c['dataset']} in {c['data_root']}/: preparing the embedded corpus "
+                          "first (offline)")
+                    prepare.prepare(dict(prepare.DEFAULTS, dataset=c['dataset'], data_root=c['data_root'],
+                                         progress=False))
         if ddp:
             dist.barrier()
     return open_dataset(c['data_root'], c['dataset'], c['block_size'])
@@ -361,10 +368,13 @@ class Trainer:
         if self.master:
             truncate_log(log_path, self.iter_num)
         self.log = Logger(log_path, init_wandb(c) if self.master else None)
-        self.diag_x = self.data.batch('val', self.data.starts('val', min(4, c['batch_size']), c['data_seed'], 2 ** 31 + 7),
+        probe = min(4, c['batch_size'])
+        self.diag_x = self.data.batch('val', self.data.starts('val', probe, c['data_seed'], DIAGNOSTICS_KEY),
                                       self.dev.device)[0]
+        self.induction_x = self.data.repeated_tokens(probe, c['data_seed'], INDUCTION_KEY).to(self.dev.device)
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.dev.device)
         self.loss_sum = torch.zeros((), dtype=torch.float32, device=self.dev.device)
+        self.grad_norm = torch.zeros((), dtype=torch.float32, device=self.dev.device)
         self.lr, self.signal, self.clock = None, None, None
 
     def restore(self, ckpt):
@@ -413,7 +423,11 @@ class Trainer:
             self.loss_sum += loss.float()
         if c['grad_clip'] > 0:
             self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), c['grad_clip'])
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), c['grad_clip'])
+        elif self.iter_num % c['log_interval'] == c['log_interval'] - 1:  # the norm of the step logged next
+            self.scaler.unscale_(self.optimizer)
+            self.grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.raw_model.parameters()
+                                                            if p.grad is not None])
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -437,7 +451,7 @@ class Trainer:
         if self.ddp:
             dist.all_reduce(mean_loss)
             mean_loss /= self.world
-        loss, dt = mean_loss.item(), self.step_time()
+        loss, grad_norm, dt = mean_loss.item(), self.grad_norm.item(), self.step_time()
         mfu = dt and self.raw_model.estimate_mfu(self.tokens_per_iter // self.world, dt,
                                                  device_peak_flops(self.dev.device), c['block_size'])
         eta = dt and dt * (c['max_iters'] - self.iter_num)
@@ -445,9 +459,9 @@ class Trainer:
             return
         timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
         mfu_text = f", mfu {mfu * 100:.1f}%" if mfu else ""
-        print(f"iter {self.iter_num}: loss {loss:.4f}, lr {self.lr:.2e}{timing}{mfu_text}")
+        print(f"iter {self.iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {self.lr:.2e}{timing}{mfu_text}")
         self.log(iter=self.iter_num, tokens=self.iter_num * self.tokens_per_iter, lr=self.lr, loss=loss,
-                 dt_ms=dt and dt * 1000, tokens_per_s=dt and self.tokens_per_iter / dt, mfu=mfu, eta_s=eta)
+                 grad_norm=grad_norm, dt_ms=dt and dt * 1000, tokens_per_s=dt and self.tokens_per_iter / dt, mfu=mfu, eta_s=eta)
 
     @torch.no_grad()
     def estimate_loss(self):
@@ -458,7 +472,7 @@ class Trainer:
         self.model.eval()
         out = {}
         for split_id, split in enumerate(('train', 'val')):
-            key = (c['data_seed'], 2 ** 31 + split_id) + ((self.iter_num,) if c['eval_windows'] == 'fresh' else ())
+            key = (c['data_seed'], EVAL_KEY + split_id) + ((self.iter_num,) if c['eval_windows'] == 'fresh' else ())
             starts = self.data.starts(split, c['eval_iters'] * batch, *key)
             total = torch.zeros(2, dtype=torch.float64, device=self.dev.device)
             for i in range(self.rank, c['eval_iters'], self.world):
@@ -502,7 +516,9 @@ class Trainer:
             self.raw_model.eval()
             with self.dev.ctx:
                 entry['diagnostics'] = self.raw_model.diagnostics(self.diag_x)
+                entry.update(self.raw_model.induction(self.induction_x))
             self.raw_model.train()
+        entry['eval_s'] = time.time() - t0  # what evaluating costs: the step times leave it out
         if self.master:
             full = f", full val loss {entry['val_loss_full']:.4f}" if 'val_loss_full' in entry else ""
             print(f"iter {self.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{full}")
