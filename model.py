@@ -391,10 +391,11 @@ class GPT(nn.Module):
     # diagnostics: what the paper's two adjustments (halved scale, lower weight decay) act on
 
     def attention_probs(self, block, x):
-        """Block's attention probabilities (B, n_head, T, T) on its input x, in fp32, with q and k."""
+        """Block's attention probabilities (B, n_head, T, T) on its input x, with the scores, q and k."""
         attn, T = block.attn, x.size(1)
         q, k, _ = attn.qkv(block.ln_1(x))
-        q, k = q.float(), k.float().repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
+        dtype = torch.promote_types(q.dtype, torch.float32)  # at least fp32, float64 stays float64
+        q, k = q.to(dtype), k.to(dtype).repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         scores = attn.scale * q @ k.transpose(-1, -2)
         return torch.softmax(scores.masked_fill(~causal, float('-inf')), dim=-1), scores, q, k
@@ -440,7 +441,8 @@ class GPT(nn.Module):
             probs = self.attention_probs(block, x)[0]
             scores.append(probs[:, :, rows, rows - P + 1].mean(dim=(0, 2)).tolist())
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))[:, P:-1].float()
+        logits = self.lm_head(self.transformer.ln_f(x))[:, P:-1]
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx[:, P + 1:].reshape(-1))
         return dict(induction=scores, repeat_loss=loss.item())
 

@@ -124,6 +124,20 @@ def test_pydocs_is_deterministic_english_over_a_megabyte():
     assert len(text.encode()) > 1_000_000 and text.count(' the ') > 10_000
 
 
+@pytest.mark.slow
+def test_pysource_is_the_standard_library_source_one_module_a_document():
+    docs = prepare.pysource_documents()
+    assert docs == prepare.pysource_documents.__wrapped__()
+    heads = [d.split('\n', 1)[0] for d in docs]
+    assert heads == sorted(heads) and '# os.py' in heads and not any('/test/' in h for h in heads)
+    import os
+    import sysconfig
+    with open(os.path.join(sysconfig.get_paths()['stdlib'], 'os.py'), encoding='utf-8') as f:
+        assert docs[heads.index('# os.py')] == '# os.py\n' + f.read()
+    assert sum(len(d.encode()) for d in docs) > 4 * sum(len(d.encode()) for d in prepare.pydocs_documents())
+    assert prepare.resolve(dict(prepare.DEFAULTS, dataset='pysource'))['tokenizer'] == 'byte'
+
+
 def test_text_files_are_one_document_each(tmp_path):
     folder = tmp_path / 'texts'
     folder.mkdir()

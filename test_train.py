@@ -533,3 +533,47 @@ def test_an_old_config_with_query_identity_means_query_identity(tmp_path):
     assert train.model_args_from(train.settings([]), {'vocab_size': 257})['query'] == 'linear'
     with pytest.raises(UserError, match="config: query_identity=True contradicts query='nonlinear'"):
         train.settings([str(old), '--query=nonlinear'])
+
+
+# The first losses of a fixed seed, recorded before the attention-path choice, the gradient norm,
+# the induction probe and the named seed keys were added: a change that alters what a run computes
+# (an experiment's runs continue across such changes) fails here. Relative 1e-6, not bit-exactness,
+# since another CPU's BLAS may round differently.
+PINNED = {
+    'linear': ([5.73024845123291, 5.633757591247559, 5.318981647491455, 4.933065414428711,
+                4.523777961730957, 4.20756196975708, 4.049297332763672, 3.706636905670166],
+               [5.738879919052124, 4.571904182434082, 3.6129207611083984]),
+    'identity': ([5.728924751281738, 5.6579790115356445, 5.3271484375, 5.002840042114258,
+                  4.592550277709961, 4.291025161743164, 4.11499547958374, 3.7795636653900146],
+                 [5.740425109863281, 4.6377317905426025, 3.6685067415237427]),
+}
+
+
+@pytest.mark.parametrize('query', PINNED)
+def test_a_fixed_seed_trains_as_it_did(data_root, tmp_path, query):
+    log = run(data_root, tmp_path, max_iters=8, eval_interval=4, dropout=0.0, query=query)
+    steps, evals = PINNED[query]
+    assert [e['loss'] for e in log if 'loss' in e] == pytest.approx(steps, rel=1e-6)
+    assert [e['val_loss'] for e in log if 'val_loss' in e] == pytest.approx(evals, rel=1e-6)
+
+
+def test_every_log_step_has_the_gradient_norm_and_every_evaluation_its_probes(data_root, tmp_path):
+    clipped = run(data_root, tmp_path / 'clip', max_iters=4, eval_interval=2, dropout=0.0, grad_clip=1e-3)
+    free = run(data_root, tmp_path / 'free', max_iters=4, eval_interval=2, dropout=0.0, grad_clip=0.0)
+    norms = [[e['grad_norm'] for e in log if 'loss' in e] for log in (clipped, free)]
+    assert len(norms[0]) == len(norms[1]) == 4 and all(n > 1e-3 for n in norms[0])
+    # the norm before clipping: at step 1 both runs hold the same weights and batch
+    assert norms[0][0] == pytest.approx(norms[1][0], rel=1e-6)
+    assert norms[0][1] != pytest.approx(norms[1][1], rel=1e-3)  # then the clipped run has moved less
+    for e in (e for e in clipped if 'val_loss' in e):
+        assert e['eval_s'] > 0 and e['repeat_loss'] > 0
+        assert len(e['induction']) == TINY['n_layer'] and all(len(h) == 2 for h in e['induction'])
+        assert all(0 <= s <= 1 for layer in e['induction'] for s in layer)
+
+
+def test_the_induction_probe_repeats_random_tokens_never_the_end_of_document(data_root):
+    data = common.open_dataset(data_root, 'tiny', 32)
+    x = data.repeated_tokens(4, 1337, train.INDUCTION_KEY)
+    assert x.shape == (4, 32) and torch.equal(x[:, :16], x[:, 16:])
+    assert int(x.max()) < data.meta['eot'] and torch.equal(x, data.repeated_tokens(4, 1337, train.INDUCTION_KEY))
+    assert not torch.equal(x, data.repeated_tokens(4, 1338, train.INDUCTION_KEY))

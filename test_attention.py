@@ -1,0 +1,140 @@
+"""The attention paths (model.attend) and the induction probe, against independent computations."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import model as M
+from model import GPT, GPTConfig, KVCache, attend, attention_path
+
+
+def reference(q, k, v, scale, allowed):
+    """softmax(scale q k^T) v over the allowed (T, S) entries, in numpy float64, heads repeated for GQA."""
+    q, k, v = (t.detach().double().numpy() for t in (q, k, v))
+    k, v = (np.repeat(t, q.shape[1] // t.shape[1], axis=1) for t in (k, v))
+    s = scale * q @ k.swapaxes(-1, -2)
+    s = np.where(allowed, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return torch.from_numpy(p / p.sum(-1, keepdims=True) @ v)
+
+
+CASES = [  # (n_head, n_kv_head, T, S): S > T is decoding with T new positions after a cached prefix
+    (4, 4, 9, 9), (4, 2, 9, 9), (4, 1, 7, 7), (2, 2, 3, 11), (4, 2, 1, 6)]
+
+
+def inputs(n_head, n_kv, T, S):
+    g = torch.Generator().manual_seed(T * 100 + S)
+    return (torch.randn(2, n_head, T, 8, dtype=torch.float64, generator=g),
+            torch.randn(2, n_kv, S, 8, dtype=torch.float64, generator=g),
+            torch.randn(2, n_kv, S, 8, dtype=torch.float64, generator=g))
+
+
+@pytest.mark.parametrize('path,backend', [('explicit', None), ('sdpa', None), ('sdpa', SDPBackend.MATH),
+                                          ('sdpa', SDPBackend.FLASH_ATTENTION)])
+@pytest.mark.parametrize('n_head,n_kv,T,S', CASES)
+def test_every_attention_path_equals_the_reference_in_float64(path, backend, n_head, n_kv, T, S):
+    q, k, v = inputs(n_head, n_kv, T, S)
+    if T == S:  # training: is_causal, query i sees keys 0..i
+        allowed, mask, causal = np.tril(np.ones((T, S), bool)), None, True
+    else:  # after a cached prefix of S - T positions, query i sits at position S - T + i
+        allowed = np.tril(np.ones((T, S), bool), k=S - T)
+        mask, causal = (torch.from_numpy(allowed), False) if T > 1 else (None, False)
+    with sdpa_kernel(backend) if backend else torch.autograd.graph.saved_tensors_hooks(lambda x: x, lambda x: x):
+        out = attend(q, k, v, mask, causal, 0.3, path=path)
+    torch.testing.assert_close(out, reference(q, k, v, 0.3, allowed), rtol=1e-10, atol=1e-10)
+
+
+def test_the_path_follows_device_and_compute_dtype():
+    x = torch.zeros(2, 3)
+    assert attention_path(x) == 'sdpa'  # float32 on CPU: the fused kernel, as before this choice existed
+    assert attention_path(x.double()) == 'sdpa'
+    assert attention_path(x.bfloat16()) == 'explicit'
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert attention_path(x) == 'explicit'  # what the matmuls will compute in, not the input's dtype
+
+
+def test_float32_on_cpu_computes_exactly_what_sdpa_computes(monkeypatch):
+    """The default path leaves a float32 model's function bit for bit as it was."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64), verbose=False)
+    idx = torch.randint(0, 64, (2, 16))
+    logits, _ = model(idx, idx)
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    again, _ = model(idx, idx)
+    assert len(calls) == 2 and torch.equal(logits, again)
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(query='identity'), dict(query='nonlinear'), dict(query='residual'),
+                                dict(key_identity=True), dict(value_identity=True), dict(n_kv_head=1)])
+def test_the_model_is_one_function_whichever_path(kw, monkeypatch):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, **kw),
+                verbose=False).double()
+    idx = torch.randint(0, 64, (2, 16))
+    out = {}
+    for path in ('sdpa', 'explicit'):
+        monkeypatch.setattr(M, 'attention_path', lambda x, p=path: p)
+        logits, loss = model(idx, idx)
+        cache = KVCache(model.config, 2, dtype=torch.float64)
+        model(idx[:, :10], cache=cache)
+        step, _ = model(idx[:, 10:11], cache=cache)  # one cached decoding step
+        out[path] = (logits, loss, step)
+        torch.testing.assert_close(step[:, -1], logits[:, 10], rtol=1e-10, atol=1e-10)
+    for a, b in zip(out['sdpa'], out['explicit']):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_bf16_on_cpu_trains_through_the_explicit_path():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.1),
+                verbose=False)
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        logits, loss = model(idx, idx)
+    loss.backward()
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    model.eval()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        low, _ = model(idx, idx)
+    full, _ = model(idx, idx)
+    torch.testing.assert_close(low.float(), full, rtol=0.05, atol=0.05)  # bf16 keeps ~3 digits
+
+
+def test_induction_probe_equals_an_independent_computation():
+    """Hand-set weights, no LayerNorm, one layer of 2 heads of size 2, on 3 tokens repeated."""
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=4, block_size=6, vocab_size=7, norm=False),
+                verbose=False).double()
+    rng = np.random.default_rng(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.from_numpy(rng.normal(0, 0.7, tuple(p.shape))))
+    idx = torch.tensor([[1, 4, 2, 1, 4, 2], [3, 0, 5, 3, 0, 5]])
+    probe = model.induction(idx)
+    sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    x = sd['transformer.wte.weight'][idx.numpy()] + sd['transformer.wpe.weight'][np.arange(6)]
+    W = sd['transformer.h.0.attn.c_attn.weight']
+    q, k, v = x @ W[:4].T, x @ W[4:8].T, x @ W[8:].T
+    scores, heads = [], []
+    for h in range(2):
+        s = q[:, :, 2 * h:2 * h + 2] @ k[:, :, 2 * h:2 * h + 2].transpose(0, 2, 1) / np.sqrt(2)
+        s = np.where(np.tril(np.ones((6, 6), bool)), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        scores.append(np.mean([p[:, i, i - 3 + 1] for i in (3, 4, 5)]))  # to the token after the earlier copy
+        heads.append(p @ v[:, :, 2 * h:2 * h + 2])
+    assert probe['induction'][0] == pytest.approx(scores, rel=1e-9)
+    y = np.concatenate(heads, -1) @ sd['transformer.h.0.attn.c_proj.weight'].T
+    h1 = x + y
+    hidden = h1 @ sd['transformer.h.0.mlp.c_fc.weight'].T
+    gelu = torch.nn.functional.gelu(torch.from_numpy(hidden)).numpy()
+    out = h1 + gelu @ sd['transformer.h.0.mlp.c_proj.weight'].T
+    logits = out @ sd['transformer.wte.weight'].T  # tied head
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - \
+        logits.max(-1, keepdims=True)
+    targets = idx.numpy()[:, 4:]  # the second copy's targets: positions 3 and 4 predict 4 and 5
+    expected = -np.mean([logp[b, i - 1, targets[b, i - 4]] for b in range(2) for i in (4, 5)])
+    assert probe['repeat_loss'] == pytest.approx(expected, rel=1e-9)
