@@ -314,11 +314,16 @@ class Dataset:
 
     def repeated_tokens(self, count, *key):
         """(count, 2P) rows of P random tokens, then the same P again (2P: block_size rounded
-        down to even), drawn from key alone and never the end-of-document token (the last id):
-        the probe of GPT.induction."""
+        down to even), drawn from key alone: the probe of GPT.induction. The tokens are drawn
+        uniformly from the ids that occur in the first 2^20 training tokens, never the
+        end-of-document token: an id the model has never seen (a byte above 127 in source
+        code) measures its surprise, not its copying."""
+        data = np.memmap(os.path.join(self.dir, 'train.bin'), dtype=self.meta['dtype'], mode='r')
+        seen = np.unique(data[:2 ** 20])
+        seen = torch.from_numpy(seen[seen != self.meta['eot']].astype(np.int64))
         seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
         g = torch.Generator().manual_seed(seed)
-        half = torch.randint(self.meta['vocab_size'] - 1, (count, self.block_size // 2), generator=g)
+        half = seen[torch.randint(len(seen), (count, self.block_size // 2), generator=g)]
         return torch.cat([half, half], dim=1)
 
     def tiling(self, split, batch_size):

@@ -109,3 +109,374 @@ def command(run, base, work):
         args.append(f'--dtype={run.dtype}')
     init = 'resume' if os.path.exists(os.path.join(work, 'ckpt.pt')) else 'scratch'
     return [E.sys.executable, 'train.py', *args, f'--init_from={init}']
+
+
+# -----------------------------------------------------------------------------
+# the write-up: tables and figures from the committed logs alone
+
+COMPARISONS = (('reduced', 'baseline', '(i)'), ('reduced_mlp', 'baseline', '(ii)'),
+               ('reduced', 'baseline_small_mlp', '(iv)'))  # (arm, reference, claim); the first is primary
+INDUCTION_THRESHOLD = 0.3  # the strongest head's score that counts as an induction head
+
+
+def committed(root):
+    results = E.committed_results(root, NAME)
+    return results, plan(results)[0]
+
+
+def log_of(root, run):
+    return read_jsonl(os.path.join(root, NAME, run.name, 'log.jsonl'))
+
+
+def spikes(log, warmup):
+    """The steps, after warmup, where the run spiked by the design's definition."""
+    found, best, evals = [], math.inf, [e for e in log if 'val_loss' in e and e['iter'] > warmup]
+    for e in log:
+        if 'loss' in e and e['iter'] > warmup:
+            if not math.isfinite(e['loss']) or e['loss'] > best * (1 + SPIKE_TRAIN):
+                found.append(e['iter'])
+            best = min(best, e['loss'])
+    found += [b['iter'] for a, b in zip(evals, evals[1:]) if not b['val_loss'] <= a['val_loss']]
+    return sorted(set(found))
+
+
+def run_state(root, run, results, warmup):
+    """'diverged', 'spiked at …', '' (clean) or None (not committed)."""
+    if run.name not in results:
+        return None
+    if math.isinf(results[run.name]):
+        return 'diverged'
+    found = spikes(log_of(root, run), warmup)
+    return f"spiked at {', '.join(map(str, found[:3]))}" if found else ''
+
+
+def tuning_rows(root, results):
+    warmup = base_config()['warmup_iters']
+    rows = []
+    for arm in ARMS:
+        runs, chosen = tune(arm, results)
+        for lr in sorted({r.lr for r in runs}):
+            seeds = [Run(arm, lr, WD[arm], s) for s in SELECTION_SEEDS]
+            states = [run_state(root, r, results, warmup) for r in seeds]
+            losses = [results.get(r.name) for r in seeds]
+            rows.append(dict(arm=arm, lr=lr, losses=losses, states=states, selected=lr == chosen,
+                             mean=None if None in losses else sum(losses) / len(losses)))
+    return rows
+
+
+def fmt_loss(x):
+    return '-' if x is None else 'diverged' if math.isinf(x) else f"{x:.4f}"
+
+
+def tuning_block(root, results):
+    rows = tuning_rows(root, results)
+    out = ["| arm | weight decay | peak LR | " + " | ".join(f"seed {s}" for s in SELECTION_SEEDS) +
+           " | mean | |", "|---|---|---|" + "---|" * len(SELECTION_SEEDS) + "---|---|"]
+    for r in rows:
+        out.append(f"| {r['arm']} | {WD[r['arm']]:g} | {r['lr']:g} | " +
+                   " | ".join(fmt_loss(x) for x in r['losses']) +
+                   f" | {fmt_loss(r['mean'])} | {'**selected**' if r['selected'] else ''} |")
+    for arm in ARMS:
+        lr = tune(arm, results)[1]
+        if lr is not None:
+            lrs = [r['lr'] for r in rows if r['arm'] == arm]
+            word = 'on the edge' if lr in (min(lrs), max(lrs)) else 'bracketed'
+            out.append(f"| {arm} | | {lr:g} | " + " | " * len(SELECTION_SEEDS) + f" | {word} |")
+    return '\n'.join(out) + '\n'
+
+
+def stability_block(root, results):
+    rows = tuning_rows(root, results)
+    out = ["| arm | weight decay | LRs run | runs spiked or diverged (LR: seeds) | largest LR with no spike |",
+           "|---|---|---|---|---|"]
+    for arm in ARMS:
+        mine = [r for r in rows if r['arm'] == arm and None not in r['states']]
+        if not mine:
+            out.append(f"| {arm} | {WD[arm]:g} | | not yet | |")
+            continue
+        bad = [r for r in mine if any(r['states'])]
+        lowest_bad = min((r['lr'] for r in bad), default=math.inf)
+        stable = [r['lr'] for r in mine if r['lr'] < lowest_bad]
+        where = '; '.join(f"{r['lr']:g}: " + ', '.join(f"{s} {st}" for s, st in zip(SELECTION_SEEDS, r['states'])
+                                                     if st) for r in bad) or 'none'
+        top = f"{max(stable):g}" if stable else 'none'
+        if not bad:
+            top += " (a lower bound: no run spiked)"
+        out.append(f"| {arm} | {WD[arm]:g} | {', '.join(format(r['lr'], 'g') for r in mine)} | {where} | {top} |")
+    figure = '\n![final loss against peak LR, every seed](assets/v3_stability.png)\n' if any(
+        None not in r['losses'] for r in rows) else ''
+    return '\n'.join(out) + '\n' + figure
+
+
+def test_runs(phases, arm, seeds=None):
+    return [r for r in phases['test'] if r.arm == arm and (seeds is None or r.seed in seeds)]
+
+
+def comparison_gaps(results, phases, arm, ref):
+    return E.gaps_of(results, test_runs(phases, ref), test_runs(phases, arm))
+
+
+def needed(arm, ref):
+    return TEST_SEEDS if (arm, ref) == COMPARISONS[0][:2] else SECONDARY_SEEDS
+
+
+def verdict_rows(stats, comparisons):
+    rows = []
+    for (arm, ref, claim), s in zip(comparisons, stats):
+        flag = " (t and sign-flip disagree at 0.05)" if s['flag'] else ""
+        rows.append(f"| {claim} {arm} − {ref} | {s['n']} | {E.pct(s['mean'])} ± {s['sd']:.2f}% | "
+                    f"[{E.pct(s['mean'] - s['half'])}, {E.pct(s['mean'] + s['half'])}] ({100 * s['level']:.1f}%) | "
+                    f"{E.fmt_p(s['p_t'])} ({E.fmt_p(s['p_t_holm'])}) | {E.fmt_p(s['p_perm'])} | "
+                    f"{E.fmt_p(s['p_tost'])} ({E.fmt_p(s['p_tost_holm'])}) | {s['mde']:.2f}% | "
+                    f"**{s['verdict']}**{flag} |")
+    return rows
+
+
+def verdict_stats(results, phases):
+    """report.compare's statistics for the primary alone and for the secondaries together, or None
+    while a comparison lacks seeds."""
+    gaps = [comparison_gaps(results, phases, arm, ref) for arm, ref, _ in COMPARISONS]
+    if any(len(g) < len(needed(a, r)) for g, (a, r, _) in zip(gaps, COMPARISONS)):
+        return None
+    return report.compare([list(gaps[0].values())], MARGIN) + report.compare([list(g.values()) for g in gaps[1:]],
+                                                                            MARGIN)
+
+
+def verdict_block(results, phases):
+    stats = verdict_stats(results, phases)
+    if stats is None:
+        done = [len(comparison_gaps(results, phases, a, r)) for a, r, _ in COMPARISONS]
+        return "Not yet: paired seeds so far " + ', '.join(
+            f"{a} − {r} {n} of {len(needed(a, r))}" for (a, r, _), n in zip(COMPARISONS, done)) + ".\n"
+    means = ["| arm | peak LR | weight decay | seeds | full val loss, mean ± sd |", "|---|---|---|---|---|"]
+    for arm in ARMS:
+        losses = [results[r.name] for r in test_runs(phases, arm)]
+        m, sd = report.mean_sd(losses)
+        means.append(f"| {arm} | {test_runs(phases, arm)[0].lr:g} | {WD[arm]:g} | {len(losses)} | {m:.4f} ± {sd:.4f} |")
+    rows = ["| comparison | seeds | paired gap, mean ± sd | interval (level) | t p (Holm) | sign-flip p "
+            "| TOST ±0.3% p (Holm) | resolution | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    rows += verdict_rows(stats, COMPARISONS)
+    return '\n'.join(means) + '\n\n' + '\n'.join(rows) + (
+        "\n\nResolution: the smallest gap this comparison's measured noise detects with 80% power at its "
+        "level (the primary alone at 0.05; the secondaries at Holm's strictest, 0.025).\n")
+
+
+def eval_series(root, run, key='val_loss'):
+    return {e['iter']: e[key] for e in log_of(root, run) if key in e}
+
+
+def trajectories(root, results, phases, arm, ref, seeds):
+    """{seed: {step: paired gap % on the fixed val windows}} for the seeds both arms have finished."""
+    out = {}
+    for a, b in zip(test_runs(phases, arm, seeds), test_runs(phases, ref, seeds)):
+        if a.name in results and b.name in results and a.seed == b.seed:
+            x, y = eval_series(root, a), eval_series(root, b)
+            out[a.seed] = {k: 100 * (x[k] - y[k]) / y[k] for k in sorted(x) if k in y and k > 0}
+    return out
+
+
+def slope(points):
+    """Least-squares slope of [(step, gap)], in % per 100 steps."""
+    xs, ys = [p[0] / 100 for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def complete_trajectories(root, results, phases):
+    """[(arm, ref, claim, {seed: {step: gap}})] once every comparison has all its seeds, else None."""
+    out = []
+    for arm, ref, claim in COMPARISONS:
+        series = trajectories(root, results, phases, arm, ref, needed(arm, ref))
+        if len(series) < len(needed(arm, ref)):
+            return None
+        out.append((arm, ref, claim, series))
+    return out
+
+
+def trajectory_block(root, results, phases):
+    comps = complete_trajectories(root, results, phases)
+    if comps is None:
+        return "Not yet: the trajectory is drawn once every comparison has all its test seeds.\n"
+    steps = sorted(next(iter(comps[0][3].values())))
+    head = "| step | " + " | ".join(f"{c} {a} − {r}, mean [95% interval]" for a, r, c, _ in comps) + " |"
+    rows = [head, "|---|" + "---|" * len(comps)]
+    for step in steps:
+        cells = [E.interval95([series[s][step] for s in series]) for _, _, _, series in comps]
+        rows.append(f"| {step} | " + " | ".join(f"{E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}]" for m, lo, hi in cells) + " |")
+    last = [k for k in steps if k >= steps[-1] * 2 / 3]
+    cells = [E.interval95([slope([(k, series[s][k]) for k in last]) for s in series]) for _, _, _, series in comps]
+    rows.append(f"| slope over steps {last[0]}–{last[-1]}, per 100 steps | " +
+                " | ".join(f"{E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}]" for m, lo, hi in cells) + " |")
+    return '\n'.join(rows) + '\n\n![the paired gap through the run](assets/v3_trajectory.png)\n'
+
+
+def longer_block(results, phases):
+    long_runs = phases['longer']
+    if not long_runs or any(r.name not in results for r in long_runs):
+        done = sum(r.name in results for r in long_runs)
+        return f"Not yet: {done} of {len(PRIMARY) * len(LONG_SEEDS)} runs at {LONG_BUDGET:g}× have finished.\n"
+    short = E.gaps_of(results, test_runs(phases, PRIMARY[0], LONG_SEEDS), test_runs(phases, PRIMARY[1], LONG_SEEDS))
+    longer = E.gaps_of(results, [r for r in long_runs if r.arm == PRIMARY[0]], [r for r in long_runs if r.arm == PRIMARY[1]])
+    rows = [f"| budget | paired gap {PRIMARY[1]} − {PRIMARY[0]}, mean [95% interval] | per seed |", "|---|---|---|"]
+    for label, gaps in (("1×", short), (f"{LONG_BUDGET:g}×", longer)):
+        m, lo, hi = E.interval95(list(gaps.values()))
+        rows.append(f"| {label} | {E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] | " +
+                    ", ".join(f"{s}: {E.pct(g)}" for s, g in sorted(gaps.items())) + " |")
+    m, lo, hi = E.interval95([longer[s] - short[s] for s in LONG_SEEDS])
+    rows.append(f"| {LONG_BUDGET:g}× − 1× | {E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] | |")
+    return '\n'.join(rows) + '\n'
+
+
+def induction_curve(root, run):
+    """{step: (strongest head's induction score, repeat loss)} of a committed run."""
+    return {e['iter']: (max(max(layer) for layer in e['induction']), e['repeat_loss'])
+            for e in log_of(root, run) if 'induction' in e}
+
+
+def onset(curve):
+    """The first evaluated step at which the strongest head passes the threshold, None if never."""
+    return next((k for k in sorted(curve) if curve[k][0] >= INDUCTION_THRESHOLD), None)
+
+
+def induction_block(root, results, phases):
+    seeds = SECONDARY_SEEDS
+    runs = {arm: test_runs(phases, arm, seeds) for arm in ARMS}
+    if any(len(rs) < len(seeds) or any(r.name not in results for r in rs) for rs in runs.values()):
+        return f"Not yet: every arm needs test seeds {seeds[0]}–{seeds[-1]}.\n"
+    curves = {arm: {r.seed: induction_curve(root, r) for r in rs} for arm, rs in runs.items()}
+    rows = [f"| arm | step the strongest head passes {INDUCTION_THRESHOLD} (mean; per seed) | its score at the end "
+            "| repeat loss at the end | onset − baseline's, mean [95% interval] |", "|---|---|---|---|---|"]
+    for arm in ARMS:
+        on = {s: onset(c) for s, c in curves[arm].items()}
+        end = [c[max(c)] for c in curves[arm].values()]
+        hit = [v for v in on.values() if v is not None]
+        lag = "(reference)" if arm == ARMS[0] else "-"
+        paired = [on[s] - onset(curves[ARMS[0]][s]) for s in seeds
+                  if on[s] is not None and onset(curves[ARMS[0]][s]) is not None]
+        if arm != ARMS[0] and len(paired) > 1:
+            m, lo, hi = E.interval95(paired)
+            lag = f"{m:+.0f} [{lo:+.0f}, {hi:+.0f}] steps (n = {len(paired)})"
+        mean_on = f"{sum(hit) / len(hit):.0f}" if hit else "never"
+        rows.append(f"| {arm} | {mean_on}; " + ", ".join(str(on[s]) if on[s] else "never" for s in seeds) +
+                    f" | {sum(e[0] for e in end) / len(end):.3f} | {sum(e[1] for e in end) / len(end):.3f} | {lag} |")
+    return '\n'.join(rows) + '\n\n![induction score and repeat loss through the run](assets/v3_induction.png)\n'
+
+
+def dtype_block(root, results, phases):
+    bf16 = phases['dtype']
+    fp32 = test_runs(phases, DTYPE_ARM, DTYPE_SEEDS)
+    if not bf16 or any(r.name not in results for r in bf16 + fp32):
+        return f"Not yet: {sum(r.name in results for r in bf16)} of {len(DTYPE_SEEDS)} bf16 runs have finished.\n"
+    step_ms = lambda runs: sorted(e['dt_ms'] for r in runs for e in log_of(root, r) if e.get('dt_ms'))
+    med = {k: v[len(v) // 2] for k, v in (('fp32', step_ms(fp32)), ('bf16', step_ms(bf16)))}
+    gaps = E.gaps_of(results, fp32, bf16)
+    m, lo, hi = E.interval95(list(gaps.values()))
+    return (f"| | float32 | bf16 autocast |\n|---|---|---|\n| median step time (ms, every logged step of "
+            f"{len(DTYPE_SEEDS)} runs) | {med['fp32']:.1f} | {med['bf16']:.1f} |\n"
+            f"| full val loss, mean | {sum(results[r.name] for r in fp32) / len(fp32):.4f} | "
+            f"{sum(results[r.name] for r in bf16) / len(bf16):.4f} |\n\nPaired difference bf16 − fp32 "
+            f"({DTYPE_ARM}, seeds {DTYPE_SEEDS[0]}–{DTYPE_SEEDS[-1]}): {E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] (95%).\n")
+
+
+def largest_stable(rows, arm):
+    mine = [r for r in rows if r['arm'] == arm and None not in r['states']]
+    bad = min((r['lr'] for r in mine if any(r['states'])), default=math.inf)
+    stable = [r['lr'] for r in mine if r['lr'] < bad]
+    return (max(stable) if stable else None), bad == math.inf
+
+
+def claims_block(root, results, phases):
+    stats = verdict_stats(results, phases)
+    rows = ["| claim | tested here as | verdict | resolution |", "|---|---|---|---|"]
+    texts = {'(i)': "the reduced model matches the baseline", '(ii)': "reduced_mlp beats the baseline",
+             '(iv)': "the reduced model beats the parameter-matched baseline_small_mlp"}
+    for i, (arm, ref, claim) in enumerate(COMPARISONS):
+        verdict = "not yet" if stats is None else f"**{stats[i]['verdict']}** ({E.pct(stats[i]['mean'])})"
+        res = "" if stats is None else f"{stats[i]['mde']:.2f}% (n = {stats[i]['n']})"
+        rows.append(f"| {claim} {texts[claim]} | {arm} − {ref}, paired full val loss | {verdict} | {res} |")
+    tuning = tuning_rows(root, results)
+    stable = {arm: largest_stable(tuning, arm) for arm in ARMS}
+    if any(None in r['states'] for r in tuning) or not tuning:
+        word = "not yet"
+    else:
+        word = "; ".join(f"{arm} {'none' if lr is None else f'{lr:g}'}{'+' if clean else ''}"
+                         for arm, (lr, clean) in stable.items())
+    rows.insert(4, f"| (iii) it trains stably at 3× lower weight decay | the largest peak LR with no spike on "
+                   f"the tuning grid, each arm at its paper λ | descriptive: {word} | the √2 grid |")
+    return '\n'.join(rows) + "\n\n(iii): `+` marks an arm none of whose runs spiked: its largest LR is a lower bound.\n"
+
+
+def blocks(root):
+    """{block name: markdown} for v3's generated blocks of the docs, from the committed logs."""
+    results, phases = committed(root)
+    return dict(v3_tuning=tuning_block(root, results), v3_stability=stability_block(root, results),
+                v3_verdict=verdict_block(results, phases),
+                v3_trajectory=trajectory_block(root, results, phases), v3_longer=longer_block(results, phases),
+                v3_induction=induction_block(root, results, phases), v3_dtype=dtype_block(root, results, phases),
+                v3_claims=claims_block(root, results, phases))
+
+
+# -----------------------------------------------------------------------------
+# figures
+
+def write_figures(root, folder):
+    """Each figure once its runs are committed: stability (as the tuning goes), trajectory, induction."""
+    results, phases = committed(root)
+    rows = [r for r in tuning_rows(root, results) if None not in r['losses']]
+    if rows:
+        stability_figure(rows, os.path.join(folder, 'v3_stability.png'))
+    comps = complete_trajectories(root, results, phases)
+    if comps is not None:
+        trajectory_figure(comps, os.path.join(folder, 'v3_trajectory.png'))
+    if not induction_block(root, results, phases).startswith('Not yet'):
+        induction_figure(root, phases, os.path.join(folder, 'v3_induction.png'))
+
+
+def stability_figure(rows, path):
+    plt = report.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, arm in enumerate(ARMS):
+        mine = [r for r in rows if r['arm'] == arm]
+        color = report.variant_color(arm, i)
+        for r in mine:
+            for loss, state in zip(r['losses'], r['states']):
+                if math.isfinite(loss):
+                    ax.scatter(r['lr'], loss, color=color, marker='x' if state else 'o', s=18, alpha=0.7)
+        ax.plot([r['lr'] for r in mine], [r['mean'] for r in mine], color=color, label=arm)
+    ax.set(xscale='log', xlabel='peak LR', ylabel='full val loss',
+           title='tuning: every selection seed (x: spiked), line: the mean')
+    ax.legend(fontsize=8)
+    report.save_figure(fig, path)
+
+
+def trajectory_figure(comps, path):
+    plt = report.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (arm, ref, claim, series) in enumerate(comps):
+        steps = sorted(next(iter(series.values())))
+        stats = [E.interval95([series[s][k] for s in series]) for k in steps]
+        color = report.variant_color(arm, i) if ref == 'baseline' else 'grey'
+        ax.plot(steps, [m for m, _, _ in stats], color=color, marker='.', label=f"{claim} {arm} − {ref}")
+        ax.fill_between(steps, [lo for _, lo, _ in stats], [hi for _, _, hi in stats], color=color, alpha=0.15)
+    ax.axhline(0, color='black', lw=0.8)
+    ax.set(xlabel='step', ylabel='paired gap on the fixed val windows (%)',
+           title='the paired gap through the run (mean, 95% interval)')
+    ax.legend(fontsize=8)
+    report.save_figure(fig, path)
+
+
+def induction_figure(root, phases, path):
+    plt = report.pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
+    for i, arm in enumerate(ARMS):
+        curves = [induction_curve(root, r) for r in test_runs(phases, arm, SECONDARY_SEEDS)]
+        steps = sorted(curves[0])
+        color = report.variant_color(arm, i)
+        top.plot(steps, [sum(c[k][0] for c in curves) / len(curves) for k in steps], color=color, label=arm)
+        bottom.plot(steps, [sum(c[k][1] for c in curves) / len(curves) for k in steps], color=color)
+    top.axhline(INDUCTION_THRESHOLD, color='black', lw=0.6, ls=':')
+    top.set(ylabel='strongest head\'s induction score', title=f'induction probe, mean of seeds '
+            f'{SECONDARY_SEEDS[0]}–{SECONDARY_SEEDS[-1]}')
+    bottom.set(xlabel='step', ylabel='loss on the repeated half')
+    top.legend(fontsize=8)
+    report.save_figure(fig, path)

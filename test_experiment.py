@@ -284,7 +284,7 @@ def test_docs_tables_match_the_committed_logs():
     """Every generated block of docs/experiments.md is what the committed logs give now."""
     with open(os.path.join(HERE, 'docs', 'experiments.md')) as f:
         text = f.read()
-    made = E.blocks(os.path.join(HERE, 'experiments'))
+    made = E.all_blocks(os.path.join(HERE, 'experiments'))
     assert sorted(m.group(2) for m in E.BLOCK.finditer(text)) == sorted(made)
     assert E.fill(text, made) == text, "docs/experiments.md is stale: run python experiment.py --report=True"
 
