@@ -5,6 +5,8 @@ Measure speed, side by side, in one process:
     python bench.py --n_layer=4 --n_embd=256 --block_size=256 --batch_size=8
     python bench.py --mode=sample --variants=reduced  # KV cache vs full recomputation, 500 new tokens
     python bench.py --mode=prepare --tokenizer=gpt2   # prepare.py tokens/s vs the tokenizer alone
+    python bench.py --mode=runs                       # experiment v3's runs per hour, fp32 vs bf16, jobs
+    python bench.py --mode=attention --n_head=2 --n_embd=128 --block_size=128 --batch_size=16
     python bench.py --mode=diagnostics --variants=reduced --n_layer=4 --n_head=4 --n_embd=128 --block_size=128 \
         --vocab_size=320 --batch_size=32 --dataset=pydocs   # train.py's diagnostics against its steps
 
@@ -13,6 +15,7 @@ of them alike, and reports medians. On a GPU, MFU is against the device's bf16 p
 CPU, achieved FLOP/s is compared with this machine's own measured matmul throughput.
 Each configuration also prints one JSON line (prefixed "json:").
 """
+import contextlib
 import json
 import os
 import statistics
@@ -26,7 +29,7 @@ from common import (UserError, device_peak_flops, open_dataset, parse_config, re
 from model import GPT, GPTConfig, KVCache
 
 DEFAULTS = dict(
-    mode='train',  # train | sample | diagnostics | prepare | summary
+    mode='train',  # train | sample | diagnostics | prepare | summary | runs | attention
     variants='baseline,reduced,reduced_mlp',
     n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304,
     batch_size=4,
@@ -45,6 +48,9 @@ DEFAULTS = dict(
     json_out=None,  # train/sample modes: also append the results as JSON lines here; summary mode: the folder
     run_dir=None,  # summary mode: a train.py run to summarise too
     eval_interval=250,  # diagnostics mode: steps between evaluations (config/demo.py's)
+    dtypes='float32,bfloat16',  # runs mode: the dtypes compared
+    layouts='1x2,2x1',  # runs mode: jobs x threads per job, side by side
+    run_steps=100,  # runs mode: steps of each short run (the full run is projected from its parts)
     seed=1337,
 )
 
@@ -267,6 +273,110 @@ def bench_diagnostics(c, dev):
     return result
 
 
+def bench_runs(c):
+    """Experiment v3's own run command (experiment_v3.command: the baseline arm), shortened to
+    run_steps steps, for each dtype and each layout of jobs x threads: the jobs start together,
+    as the experiment runner starts them. A full run is projected from the parts its log times:
+    startup, steps, evaluations on the way and the final one over the whole val split."""
+    import subprocess
+    import sys
+    import experiment_v3
+    base, steps = experiment_v3.base_config(), c['run_steps']
+    layouts = [tuple(int(n) for n in layout.split('x')) for layout in c['layouts'].split(',')]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype in c['dtypes'].split(','):
+            for jobs, threads in layouts:
+                procs = []
+                for j in range(jobs):
+                    work = os.path.join(tmp, f'{dtype}_{jobs}x{threads}_{j}')
+                    cmd = experiment_v3.command(experiment_v3.Run('baseline', 2e-3, 0.1, 301 + j), base, work)
+                    cmd += [f'--max_iters={steps}', f'--eval_interval={steps // 2}', f'--dtype={dtype}',
+                            f"--data_root={c['data_root']}"]
+                    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+                    procs.append((work, time.time(), subprocess.Popen(
+                        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+                runs = [run_timing(work, t0, proc, base) for work, t0, proc in procs]
+                results.append(runs_result(dtype, jobs, threads, runs, base))
+    print_runs(results, base, steps)
+    return results
+
+
+def run_timing(work, t0, proc, base):
+    """The parts of one short run's time, from its log, and a full run's time projected from them."""
+    _, err = proc.communicate()
+    wall = time.time() - t0
+    if proc.returncode:
+        raise UserError(f"the timed run failed: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}")
+    log = read_jsonl(os.path.join(work, 'log.jsonl'))
+    step_s = statistics.median(e['dt_ms'] for e in log if e.get('dt_ms')) / 1000
+    evals = [e for e in log if 'eval_s' in e]
+    mid = statistics.median(e['eval_s'] for e in evals if 'val_loss_full' not in e)
+    final = next(e['eval_s'] for e in evals if 'val_loss_full' in e)
+    startup = wall - max(e['iter'] for e in log) * step_s - sum(e['eval_s'] for e in evals)
+    n_mid = len(range(0, base['max_iters'], base['eval_interval']))
+    full = startup + base['max_iters'] * step_s + n_mid * mid + final
+    return dict(step_ms=step_s * 1000, eval_mid_s=mid, eval_final_s=final, startup_s=startup, full_run_s=full)
+
+
+def runs_result(dtype, jobs, threads, runs, base):
+    mean = lambda key: statistics.mean(r[key] for r in runs)
+    return dict(mode='runs', dtype=dtype, jobs=jobs, threads=threads, step_ms=mean('step_ms'),
+                eval_mid_s=mean('eval_mid_s'), eval_final_s=mean('eval_final_s'), startup_s=mean('startup_s'),
+                full_run_s=mean('full_run_s'), runs_per_hour=jobs * 3600 / mean('full_run_s'))
+
+
+def print_runs(results, base, steps):
+    print(f"\nexperiment v3's run ({base['max_iters']} steps, an evaluation every {base['eval_interval']}), "
+          f"projected from runs of {steps} steps; {os.cpu_count()} cores")
+    print(f"{'dtype':<10}{'jobs x threads':>15}{'ms/step':>9}{'eval s':>8}{'final eval s':>14}{'startup s':>11}"
+          f"{'run s':>8}{'runs/hour':>11}")
+    for r in results:
+        print(f"{r['dtype']:<10}{r['jobs']:>9} x {r['threads']:<3}{r['step_ms']:>9.1f}{r['eval_mid_s']:>8.2f}"
+              f"{r['eval_final_s']:>14.1f}{r['startup_s']:>11.1f}{r['full_run_s']:>8.0f}{r['runs_per_hour']:>11.1f}")
+    for r in results:
+        print('json: ' + json.dumps(r))
+
+
+def bench_attention(c, dev):
+    """One layer's attention forward and backward, (batch, n_head, block, head size), through each
+    path model.attend can take and each SDPA backend, in float32 and in bf16, alternated; the
+    path marked 'auto' is the one model.attention_path picks for that device and dtype."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from model import attend, attention_path
+    shape = (c['batch_size'], c['n_head'], c['block_size'], c['n_embd'] // c['n_head'])
+    kernels = dict(explicit=('explicit', None), sdpa=('sdpa', None), sdpa_math=('sdpa', SDPBackend.MATH))
+    if dev.type == 'cpu':
+        kernels['sdpa_flash'] = ('sdpa', SDPBackend.FLASH_ATTENTION)
+    cases = [(dtype, name) for dtype in (torch.float32, torch.bfloat16) for name in kernels]
+    q, k, v = (torch.randn(shape, device=dev.device, requires_grad=True) for _ in range(3))
+    times = {case: [] for case in cases}
+    for step in range(c['warmup'] + c['steps']):
+        for dtype, name in cases:
+            path, backend = kernels[name]
+            sync(dev.device)
+            t0 = time.perf_counter()
+            with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+                with sdpa_kernel(backend) if backend else contextlib.nullcontext():
+                    y = attend(q, k, v, None, True, shape[-1] ** -0.5, path=path)
+            y.float().sum().backward()
+            sync(dev.device)
+            if step >= c['warmup']:
+                times[(dtype, name)].append(time.perf_counter() - t0)
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+            auto = attention_path(q)
+        for name in kernels:
+            results.append(dict(mode='attention', dtype=str(dtype).split('.')[-1], kernel=name,
+                                ms=1000 * statistics.median(times[(dtype, name)]), auto=kernels[name] == (auto, None)))
+    print(f"\nattention fwd+bwd, {shape} (batch, heads, T, head size), {dev.device}, "
+          f"median of {c['steps']} alternated")
+    for r in results:
+        print(f"{r['dtype']:<10}{r['kernel']:<12}{r['ms']:>8.2f} ms{'  <- auto' if r['auto'] else ''}")
+    return results
+
+
 def bench_summary(c):
     """results.json and results.md in the folder json_out from the JSON lines the other modes
     appended there (bench_train.jsonl, bench_sample.jsonl) and the train.py run in run_dir."""
@@ -322,9 +432,12 @@ def main(argv=None):
         return bench_prepare(c)
     if c['mode'] == 'summary':
         return bench_summary(c)
-    modes = dict(train=bench_train, sample=bench_sample, diagnostics=bench_diagnostics)
+    if c['mode'] == 'runs':
+        return write_results(c, bench_runs(c))
+    modes = dict(train=bench_train, sample=bench_sample, diagnostics=bench_diagnostics, attention=bench_attention)
     if c['mode'] not in modes:
-        raise UserError(f"mode must be train, sample, diagnostics, prepare or summary, got {c['mode']!r}")
+        raise UserError(f"mode must be one of train, sample, diagnostics, attention, prepare, summary, runs; "
+                        f"got {c['mode']!r}")
     return write_results(c, modes[c['mode']](c, setup_device(c['device'], c['dtype'], c['compile'])))
 
 
