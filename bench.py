@@ -30,16 +30,20 @@ from model import GPT, GPTConfig, KVCache
 
 DEFAULTS = dict(
     mode='train',  # train | sample | diagnostics | prepare | summary | runs | attention
-    variants='baseline,reduced,reduced_mlp',
-    n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304,
-    batch_size=4,
+    variants='baseline,reduced,reduced_mlp',  # config/<name>.py files, compared side by side
+    n_layer=12,  # the geometry every variant is measured at (GPT-2 small's by default)
+    n_head=12,  # attention heads
+    n_embd=768,  # width; a variant file's settings are evaluated against it
+    block_size=1024,  # tokens per sequence
+    vocab_size=50304,  # GPT-2's, padded to a multiple of 64
+    batch_size=4,  # sequences per step
     steps=10,  # timed steps per variant (train mode)
     warmup=2,  # untimed steps per variant first (compilation happens here)
     device=None,  # None: cuda when available, else cpu
     dtype=None,  # None: bfloat16 on cuda where supported, float32 on cpu
     compile=None,  # None: on for cuda
     dataset=None,  # train on real tokens from data/<dataset>/train.bin; None: random tokens
-    data_root='data',
+    data_root='data',  # where prepared datasets live (with dataset; runs mode: pysource)
     max_new_tokens=500,  # sample mode
     prompt_tokens=16,  # sample mode
     tokenizer='gpt2',  # prepare mode
@@ -51,7 +55,7 @@ DEFAULTS = dict(
     dtypes='float32,bfloat16',  # runs mode: the dtypes compared
     layouts='1x2,2x1',  # runs mode: jobs x threads per job, side by side
     run_steps=100,  # runs mode: steps of each short run (the full run is projected from its parts)
-    seed=1337,
+    seed=1337,  # model init and random tokens
 )
 
 
@@ -282,6 +286,8 @@ def bench_runs(c):
     import sys
     import experiment_v3
     base, steps = experiment_v3.base_config(), c['run_steps']
+    if steps < 10:
+        raise UserError(f"run_steps must be at least 10 (two untimed steps, then timed ones), got {steps}")
     layouts = [tuple(int(n) for n in layout.split('x')) for layout in c['layouts'].split(',')]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -292,6 +298,7 @@ def bench_runs(c):
                     work = os.path.join(tmp, f'{dtype}_{jobs}x{threads}_{j}')
                     cmd = experiment_v3.command(experiment_v3.Run('baseline', 2e-3, 0.1, 301 + j), base, work)
                     cmd += [f'--max_iters={steps}', f'--eval_interval={steps // 2}', f'--dtype={dtype}',
+                            f"--log_interval={max(1, min(base['log_interval'], steps // 5))}",
                             f"--data_root={c['data_root']}"]
                     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
                     procs.append((work, time.time(), subprocess.Popen(

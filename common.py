@@ -83,11 +83,19 @@ def check_value(key, value, defaults, source):
     return value
 
 
-def parse_config(defaults, argv=None, show=False):
+HELP_FLAGS = ('-h', '--help')
+
+
+def parse_config(defaults, argv=None, show=False, described_in=()):
     """nanoGPT's configurator made strict: an unknown key or a wrong type names the key. argv None
-    is the command line; show prints the resolved config."""
+    is the command line; show prints the resolved config. -h or --help prints every key with its
+    default, type and description (read from the sources described_in, the caller's file by
+    default: see help_text) and exits 0."""
     config = dict(defaults)
     argv = sys.argv[1:] if argv is None else argv
+    if any(a in HELP_FLAGS for a in argv):
+        print(help_text(defaults, described_in or (sys._getframe(1).f_globals['__file__'],)))
+        sys.exit(0)
     for arg in argv:
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')
@@ -100,6 +108,63 @@ def parse_config(defaults, argv=None, show=False):
     if show:
         print_config(config)
     return config
+
+
+def key_comments(path):
+    """[(key, group, description)] in source order, from the file at path: each keyword of its
+    `DEFAULTS = dict(...)` and each field of a dataclass, described by the comment on its line. A
+    comment alone on a line inside the dict names the group of the keys after it (the text up to
+    a colon); an indented comment continues the one above and is left out (help is one line)."""
+    import tokenize
+    with open(path) as f:
+        source = f.read()
+    comments = {}
+    for tok in tokenize.generate_tokens(iter(source.splitlines(keepends=True)).__next__):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = (tok.line.strip().startswith('#'), tok.string[1:].strip(), tok.string)
+    entries = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and [getattr(t, 'id', None) for t in node.targets] == ['DEFAULTS']:
+            keys = [(kw.arg, kw.lineno) for kw in node.value.keywords]
+        elif isinstance(node, ast.ClassDef) and any(getattr(d, 'id', None) == 'dataclass' for d in node.decorator_list):
+            keys = [(n.target.id, n.lineno) for n in node.body if isinstance(n, ast.AnnAssign)]
+        else:
+            continue
+        dataclass_fields = isinstance(node, ast.ClassDef)
+        group, headers = None, {line: text for line, (alone, text, raw) in comments.items()
+                                if alone and node.lineno < line < node.end_lineno and not raw[1:2 + 1].isspace()}
+        for i, (key, line) in enumerate(keys):
+            earlier = [h for h in headers if h < line]
+            group = headers[max(earlier)].split(':')[0] if earlier else 'model' if dataclass_fields else None
+            alone, text, _ = comments.get(line, (True, '', ''))
+            shared = sum(1 for _, other in keys if other == line) > 1  # a, b = ..., ...: no comment of its own
+            entries.append((key, group, '' if alone or shared else text))
+    return entries
+
+
+def help_text(defaults, sources):
+    """Usage (the first source's docstring) and every key of defaults, grouped, with its default,
+    its type and the one line its source's comment says about it."""
+    with open(sources[0]) as f:
+        usage = (ast.get_docstring(ast.parse(f.read())) or '').strip()
+    described, order = {}, []
+    for path in sources:
+        for key, group, text in key_comments(path):
+            order += [] if (group or 'settings') in order else [group or 'settings']
+            if key in defaults and (key not in described or not described[key][1]):
+                described[key] = (group or 'settings', text)
+    groups = {group: [] for group in order}  # in the order the sources name them
+    for key in defaults:
+        group, text = described.get(key, ('settings', ''))
+        groups.setdefault(group, []).append((key, text))
+    width = max(len(f"--{k}={defaults[k]!r}") for k in defaults)
+    lines = [usage, '', 'Arguments are config files (plain Python) and --key=value, applied in order. Keys:']
+    for group, keys in ((g, k) for g, k in groups.items() if k):
+        lines.append(f"\n{group}:")
+        for key, text in keys:
+            kind = type(defaults[key]).__name__ if defaults[key] is not None else 'optional'
+            lines.append(f"  {f'--{key}={defaults[key]!r}':<{width}}  {kind:<8} {text}".rstrip())
+    return '\n'.join(lines)
 
 
 def run_config_file(path, config):

@@ -37,8 +37,8 @@ DEFAULTS = dict(
     approximate=False,  # allow the settings where the conversion cannot be exact
     max_cond=1e6,  # refuse a W_Q whose condition number is larger
     data_root='data',  # held-out tokens for the check: data_root/<checkpoint's dataset>/val.bin
-    check_tokens=4096,
-    seed=1337,
+    check_tokens=4096,  # held-out tokens on which both models' logits are compared
+    seed=1337,  # which held-out windows the check reads
 )
 
 

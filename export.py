@@ -23,7 +23,7 @@ DEFAULTS = dict(
     in_dir='out',  # the run to export (in_dir/ckpt.pt)
     out_dir=None,  # the Hugging Face folder; None: in_dir + '-hf'
     check_tokens=256,  # random tokens on which the export's logits are compared with kvgpt's
-    seed=1337,
+    seed=1337,  # the random tokens of the check
 )
 HF_ACTIVATION = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}
 GPT2_BPE = 'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/'  # tiktoken's cache key

@@ -15,7 +15,7 @@ checkpoints load as baseline models.
 import inspect
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import InitVar, dataclass, fields
 from typing import Optional
 
 import torch
@@ -36,12 +36,12 @@ ACTIVATIONS = {'gelu': lambda x: F.gelu(x), 'gelu_tanh': lambda x: F.gelu(x, app
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
+    block_size: int = 1024  # the longest sequence: positions 0..block_size-1
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block; head size n_embd // n_head
+    n_embd: int = 768  # width of the residual stream
+    dropout: float = 0.0  # on attention weights, residual writes and embeddings (training only)
     bias: bool = False  # biases in Linears and LayerNorms
     tie_weights: bool = True  # lm_head shares the token embedding
     mlp_hidden: Optional[int] = None  # None: 4 * n_embd (paper's larger MLP: 3456)
@@ -52,14 +52,19 @@ class GPTConfig:
     value_identity: bool = False  # W_V = I
     attn_scale: Optional[float] = None  # None: 1/sqrt(hd), halved when Q or K is I
     n_kv_head: Optional[int] = None  # None: n_head; fewer is grouped-query attention
-    # The paper's theoretical settings (section 4), off by default:
+    # model: the paper's theoretical settings (section 4), off by default
     norm: bool = True  # False: no LayerNorm anywhere (where the theorems are exact)
     mlp_residual: bool = True  # False: the skip connection surrounds only the attention
     share_layers: bool = False  # one block's weights reused n_layer times (ALBERT-style)
     activation: str = 'gelu'  # 'gelu_tanh': OpenAI GPT-2's approximation; 'relu': theorem 8.4's setting
     init_std: float = 0.02  # std of every weight at init (GPT-2's); the residual projections get init_std/sqrt(2 n_layer)
+    query_identity: InitVar[bool] = False  # the paper's flag: True is query='identity' (not stored)
 
-    def __post_init__(self):
+    def __post_init__(self, query_identity=False):
+        if query_identity:
+            if self.query not in ('linear', 'identity'):
+                raise ValueError(f"query_identity=True contradicts query='{self.query}': set one of them")
+            self.query = 'identity'
         if self.mlp_hidden is None:
             self.mlp_hidden = 4 * self.n_embd
         if self.n_kv_head is None:

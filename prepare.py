@@ -27,13 +27,13 @@ from common import (SPLITS, UserError, bins_match_meta, get_tokenizer, parse_con
 DEFAULTS = dict(
     dataset='openwebtext',  # 'openwebtext', 'pydocs' or 'pysource' (embedded), a hub id, or local files
     hub_id='Skylion007/openwebtext',  # where --dataset=openwebtext loads from
-    text_column='text',
+    text_column='text',  # the column (or JSON field) that holds each document's text
     tokenizer=None,  # 'gpt2' or 'byte'; None: byte for the embedded corpora (no download), else gpt2
     val_size=None,  # fraction held out; None: 0.0005 for openwebtext (nanoGPT's split), else 0.05
     seed=2357,  # nanoGPT's split seed
-    num_proc=max(1, (os.cpu_count() or 2) // 2),
+    num_proc=max(1, (os.cpu_count() or 2) // 2),  # tokenizer worker processes
     dtype='auto',  # uint16 when the vocabulary fits, else uint32
-    data_root='data',
+    data_root='data',  # the bins go to data_root/<out_name>/
     out_name=None,  # None: derived from the dataset
     force=False,  # re-run even when an identical finished run exists
     progress=True,  # datasets' progress bars (off when train.py prepares an embedded corpus itself)

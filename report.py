@@ -390,8 +390,8 @@ def plot_diagnostics(runs, path):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    dirs = [a for a in argv if not a.startswith('--')]
-    c = parse_config(DEFAULTS, [a for a in argv if a.startswith('--')])
+    dirs = [a for a in argv if not a.startswith('-')]
+    c = parse_config(DEFAULTS, [a for a in argv if a.startswith('-')])
     if not dirs:
         raise UserError("give one or more run directories: python report.py out-a out-b [--png=x.png] [--md=x.md]")
     runs = [read_run(d) for d in dirs]

@@ -17,16 +17,16 @@ from common import (UserError, get_tokenizer, model_errors, model_from_checkpoin
 from model import GPT
 
 DEFAULTS = dict(
-    out_dir='out',
+    out_dir='out',  # the run to sample from (out_dir/ckpt.pt)
     init_from='resume',  # 'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local Hugging Face GPT-2 folder
     start='\n',  # the prompt, or FILE:path to read it from a file
-    num_samples=3,
-    max_new_tokens=500,
+    num_samples=3,  # samples drawn, one after another
+    max_new_tokens=500,  # tokens generated per sample at most
     temperature=0.8,  # 0 is greedy
     top_k=200,  # None: no top-k filtering
     top_p=None,  # nucleus sampling, in (0, 1]
     stop_at_eot=True,  # end a sample at the end-of-text token
-    seed=1337,
+    seed=1337,  # the sampling generator's seed: the same seed, the same samples
     device=None,  # None: cuda when available, else cpu
     dtype=None,  # None: bfloat16 on cuda where supported, else float32
     compile=False,  # True: torch.compile the decoding steps

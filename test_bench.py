@@ -6,9 +6,11 @@ import sys
 import pytest
 
 import bench
+import common
 import report
 import train
 from common import UserError
+from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--vocab_size=64', '--batch_size=2',
@@ -157,3 +159,39 @@ def test_bench_diagnostics_overhead_is_a_fraction():
     r = bench.main(TINY + ['--mode=diagnostics', '--steps=2', '--warmup=1', '--eval_interval=10'])
     assert r['step_ms'] > 0 and r['diagnostics_ms'] > 0 and r['eval_interval'] == 10
     assert r['overhead'] == pytest.approx(r['diagnostics_ms'] / (r['diagnostics_ms'] + 10 * r['step_ms']))
+
+
+def test_every_variant_follows_the_geometry_it_is_measured_at():
+    """A variant file is written against the width: at n_embd 128 baseline_small is 124 wide (31/32,
+    a multiple of n_head), not GPT-2 small's 744; every variant keeps n_layer and n_head."""
+    geometry = dict(bench.DEFAULTS, n_layer=4, n_head=2, n_embd=128, block_size=128, vocab_size=320)
+    small = bench.variant_config('baseline_small', geometry)
+    assert (small.n_embd, small.mlp_hidden) == (124, 496)
+    assert GPT(small, verbose=False).get_num_params() == 794_716
+    for name in common.variants(dict(GPTConfig(**{k: geometry[k] for k in ('n_layer', 'n_head', 'n_embd')}).__dict__)):
+        cfg = bench.variant_config(name, geometry)
+        assert (cfg.n_layer, cfg.n_head) == (4, 2) and cfg.n_embd in (124, 128), name
+
+
+def test_bench_attention_times_every_path_and_marks_the_choice(capsys):
+    results = bench.main(['--mode=attention', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2',
+                          '--steps=2', '--warmup=1', '--device=cpu'])
+    assert {(r['dtype'], r['kernel']) for r in results} == {
+        (d, k) for d in ('float32', 'bfloat16') for k in ('explicit', 'sdpa', 'sdpa_math', 'sdpa_flash')}
+    assert [(r['dtype'], r['kernel']) for r in results if r['auto']] == [('float32', 'sdpa'), ('bfloat16', 'explicit')]
+    assert all(r['ms'] > 0 for r in results)
+
+
+@pytest.mark.slow
+def test_bench_runs_times_the_experiments_own_command_per_dtype_and_layout(data_root, monkeypatch, capsys):
+    import experiment_v3
+    real = experiment_v3.command
+    tiny = ['--dataset=tiny', '--n_layer=1', '--n_embd=32', '--block_size=32', '--batch_size=2', '--eval_iters=1']
+    monkeypatch.setattr(experiment_v3, 'command', lambda run, base, work: real(run, base, work) + tiny)
+    results = bench.main(['--mode=runs', '--run_steps=10', f'--data_root={data_root}', '--layouts=1x1,2x1'])
+    assert [(r['dtype'], r['jobs'], r['threads']) for r in results] == [
+        ('float32', 1, 1), ('float32', 2, 1), ('bfloat16', 1, 1), ('bfloat16', 2, 1)]
+    for r in results:
+        assert r['step_ms'] > 0 and r['eval_final_s'] > 0 and r['startup_s'] > 0
+        assert r['runs_per_hour'] == pytest.approx(r['jobs'] * 3600 / r['full_run_s'])
+    assert 'runs/hour' in capsys.readouterr().out

@@ -372,3 +372,15 @@ def test_diagnostics_equal_an_independent_computation():
         attn_in=fro('transformer.h.0.attn.c_attn.weight'), attn_out=fro('transformer.h.0.attn.c_proj.weight'),
         mlp_in=fro('transformer.h.0.mlp.c_fc.weight'), mlp_out=fro('transformer.h.0.mlp.c_proj.weight'),
         embeddings=fro('transformer.wte.weight', 'transformer.wpe.weight')), rel=1e-9)
+
+
+def test_query_identity_flag_is_the_papers_spelling_of_the_reduced_model():
+    torch.manual_seed(0)
+    flagged = GPT(GPTConfig(**GPT2, query_identity=True), verbose=False)
+    torch.manual_seed(0)
+    reduced = GPT(GPTConfig(**GPT2, query='identity'), verbose=False)
+    assert flagged.get_num_params() == 117_295_872 and flagged.config == reduced.config
+    assert all(torch.equal(a, b) for a, b in zip(flagged.state_dict().values(), reduced.state_dict().values()))
+    assert 'query_identity' not in vars(flagged.config)  # never saved into a checkpoint's model_args
+    with pytest.raises(ValueError, match="query_identity=True contradicts query='nonlinear'"):
+        GPTConfig(query='nonlinear', query_identity=True)

@@ -28,48 +28,53 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common import (UserError, device_peak_flops, pick_device, load_checkpoint, model_errors, model_from_checkpoint,
                     open_dataset, parse_config, print_config, read_json, read_jsonl, run_main, save_checkpoint,
                     setup_device, write_json, write_text)
+import model
 from model import GPT, GPTConfig, upgrade_query
 
 # -----------------------------------------------------------------------------
 # defaults: GPT-2 small on OpenWebText, the authors' baseline settings; config/*.py and
 # --key=value change them
 DEFAULTS = dict(
-    # I/O
-    out_dir='out',
-    eval_interval=1000,
-    eval_iters=200,
-    log_interval=10,
-    eval_only=False,
-    always_save_checkpoint=True,  # False: save only when val loss improves (nanoGPT's option)
-    keep_checkpoints=(50000, 100000, 105000),  # steps at which ckpt_<step>.pt is also kept (the authors')
-    eval_windows='fixed',  # 'fixed': one set of eval windows for the whole run; 'fresh': new ones at every
-    #                        evaluation (the authors' protocol), the same for every variant at the same step
-    diagnostics=True,  # attention and weight diagnostics at every evaluation, into log.jsonl
+    # run: where it goes, what it logs and keeps
+    out_dir='out',  # checkpoints, log.jsonl and config.json of the run
     init_from='scratch',  # 'scratch', 'resume', 'auto' (resume if out_dir has a checkpoint, else scratch: for
     #                       launchers that restart the same command), 'gpt2'..'gpt2-xl' or a local GPT-2 folder
     overwrite=False,  # True: init_from='scratch' may start over an out_dir that already holds a checkpoint
-    wandb_log=False,
-    wandb_project='kvgpt',
-    wandb_run_name='run',
+    eval_interval=1000,  # steps between evaluations (and checkpoints)
+    eval_iters=200,  # batches per split in each evaluation
+    eval_windows='fixed',  # 'fixed': one set of eval windows for the whole run; 'fresh': new ones at every
+    #                        evaluation (the authors' protocol), the same for every variant at the same step
+    eval_only=False,  # evaluate the checkpoint (with the full val loss) and stop
+    log_interval=10,  # steps between log lines (loss, gradient norm, step time)
+    diagnostics=True,  # attention, weight and induction diagnostics at every evaluation, into log.jsonl
+    always_save_checkpoint=True,  # False: save only when val loss improves (nanoGPT's option)
+    keep_checkpoints=(50000, 100000, 105000),  # steps at which ckpt_<step>.pt is also kept (the authors')
+    wandb_log=False,  # also log to Weights & Biases (pip install wandb)
+    wandb_project='kvgpt',  # the W&B project
+    wandb_run_name='run',  # the W&B run name
     # data
-    dataset='openwebtext',
-    data_root='data',
+    dataset='openwebtext',  # data_root/<dataset>/ from prepare.py; 'pydocs' and 'pysource' prepare themselves
+    data_root='data',  # where prepared datasets live
     data_seed=1337,  # the batches of step k depend on (data_seed, k) only
     gradient_accumulation_steps=40,  # in total, over all processes
     batch_size=12,  # micro-batch per process
-    block_size=1024,
-    # the model: every GPTConfig field, with its default (see model.py); then:
-    # AdamW and the learning-rate schedule
-    learning_rate=6e-4,
+    block_size=1024,  # tokens per training window (at most the model's block_size)
+    # model: every GPTConfig field of model.py, with its default; these three are train.py's
+    vocab_size=None,  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
+    query=None,  # None: the model's default, 'linear' (so a resume does not report it as a change)
+    query_identity=False,  # the old spelling of query='identity': read, then folded into query
+    # optimiser: AdamW
+    learning_rate=6e-4,  # the peak learning rate
+    weight_decay=0.1,  # decoupled weight decay on matrices and embeddings (none on norms and biases)
+    beta1=0.9,  # AdamW's first-moment decay
+    beta2=0.95,  # AdamW's second-moment decay
+    grad_clip=1.0,  # clip the global gradient norm to this; 0 disables
+    # schedule
     max_iters=105002,  # the authors' runs: max_iters=105001 in a loop that stops after iter_num > max_iters
-    weight_decay=0.1,
-    beta1=0.9,
-    beta2=0.95,
-    grad_clip=1.0,  # 0 disables
-    decay_lr=True,
-    warmup_iters=2000,
-    lr_decay_iters=600000,
-    min_lr=6e-5,
+    decay_lr=True,  # False: the peak learning rate throughout
+    warmup_iters=2000,  # linear warmup steps
+    lr_decay_iters=600000,  # the cosine reaches min_lr here (past max_iters: the run ends before)
+    min_lr=6e-5,  # the cosine's floor
     # system
     device=None,  # None: cuda when available, else cpu
     dtype=None,  # None: bfloat16 on cuda where native, float16 on older GPUs, float32 on cpu
@@ -80,9 +85,6 @@ DEFAULTS = dict(
 MODEL_KEYS = [f.name for f in fields(GPTConfig)]
 # every model field is a key, with GPTConfig's default (None where GPTConfig derives it)
 DEFAULTS.update({f.name: f.default for f in fields(GPTConfig) if f.name not in DEFAULTS})
-DEFAULTS['vocab_size'] = None  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
-DEFAULTS['query'] = None  # None: the model's default, 'linear' (so a resume does not report it as a change)
-DEFAULTS['query_identity'] = False  # the old spelling of query='identity': read, then folded into query
 TIMING_WARMUP = 2  # steps after each (re)start left out of step times, tokens/s, MFU and ETA: compilation
 # Keys of the fixed windows and probes, next to (data_seed, step) keys of the training batches:
 # above 2**31, so no training step can draw the same windows.
@@ -615,7 +617,7 @@ def train(c):
 
 def settings(argv=None):
     """The run's config from defaults, config files and --key=value, with `query` the one query setting."""
-    c = parse_config(DEFAULTS, argv)
+    c = parse_config(DEFAULTS, argv, described_in=(__file__, model.__file__))
     if c.pop('query_identity'):
         with model_errors('config'):
             c['query'] = upgrade_query({'query': c['query'], 'query_identity': True})['query']
