@@ -37,6 +37,7 @@ DEFAULTS = dict(
     report=False,  # only regenerate the docs' tables and figures from experiments/<name>/
     dry=False,  # with the runner: print the commands it would start, start nothing
     root='experiments',  # committed logs: <root>/<name>/<run>/{log.jsonl,config.json}
+    work_root='.',  # runs train in <work_root>/out-<name>/<run>/ (checkpoints, stdout; not committed)
     docs='docs/experiments.md',  # the write-up whose generated blocks --report rewrites
     design='v3',  # which experiment the runner and --status work on: 'v3' (current) or 'verdict' (v2)
 )
@@ -450,7 +451,7 @@ def pending(root, d):
 
 
 def start(run, c, base, d):
-    work = os.path.join(f'out-{d.NAME}', run.name)
+    work = os.path.join(c['work_root'], f'out-{d.NAME}', run.name)
     os.makedirs(work, exist_ok=True)
     cmd = d.command(run, base, work)
     print(f"{time.strftime('%H:%M:%S')} start {run.name}", flush=True)
@@ -503,7 +504,8 @@ def status(c, d):
     print(f"to run now: {len(todo)}" + ("" if todo else " (nothing left to run)" if not waiting else ""))
     for run in todo:
         print(f"  {run.name}" + ("" if not c['dry'] else
-                                 "\n    " + ' '.join(d.command(run, base, os.path.join(f'out-{d.NAME}', run.name))[1:])))
+                                 "\n    " + ' '.join(d.command(run, base, os.path.join(c['work_root'], f'out-{d.NAME}',
+                                                                                        run.name))[1:])))
     return todo
 
 

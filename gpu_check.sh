@@ -10,12 +10,13 @@ set -euo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
+DATA=${DATA_ROOT:-data}  # where the embedded corpus is prepared; the dry run keeps it under $OUT
 export PYTHONUNBUFFERED=1
 if [ "${DRY_RUN:-0}" = 1 ]; then
   GEOM="--n_layer=2 --n_head=2 --n_embd=64 --block_size=64"
   BENCH="$GEOM --vocab_size=512 --batch_size=2 --steps=2 --warmup=1 --device=cpu"
   TRAIN="$GEOM --batch_size=2 --gradient_accumulation_steps=1 --device=cpu --compile=False --dtype=float32"
-  STEPS=4; SAMPLE="$BENCH --max_new_tokens=20"; TOK=byte; export OMP_NUM_THREADS=1
+  STEPS=4; SAMPLE="$BENCH --max_new_tokens=20"; TOK=byte; export OMP_NUM_THREADS=1; DATA=${DATA_ROOT:-$OUT/data}
 else
   BENCH="--block_size=1024 --batch_size=16 --steps=20 --warmup=3"
   TRAIN="--batch_size=16 --gradient_accumulation_steps=1"
@@ -28,11 +29,11 @@ run python -m pytest -m cuda -q -rs -n 0 -p no:cacheprovider test_gpu.py > "$OUT
 # 2. training steps, side by side
 run python bench.py --variants=baseline,reduced,reduced_mlp,nonlinear $BENCH --json_out="$OUT/bench_train.jsonl"
 # 3. a short real run under torchrun, then a resume
-run python prepare.py --dataset=pydocs --tokenizer=$TOK --out_name=pydocs_$TOK --progress=False
+run python prepare.py --dataset=pydocs --tokenizer=$TOK --out_name=pydocs_$TOK --progress=False --data_root="$DATA"
 R="$OUT/run"; rm -rf "$R"
-run torchrun --standalone --nproc_per_node=1 train.py config/reduced.py --dataset=pydocs_$TOK --out_dir="$R" $TRAIN \
+run torchrun --standalone --nproc_per_node=1 train.py config/reduced.py --dataset=pydocs_$TOK --data_root="$DATA" --out_dir="$R" $TRAIN \
     --max_iters=$((STEPS / 2)) --eval_interval=$((STEPS / 2)) --eval_iters=5 --log_interval=5 --keep_checkpoints="()"
-run torchrun --standalone --nproc_per_node=1 train.py config/reduced.py --dataset=pydocs_$TOK --out_dir="$R" $TRAIN \
+run torchrun --standalone --nproc_per_node=1 train.py config/reduced.py --dataset=pydocs_$TOK --data_root="$DATA" --out_dir="$R" $TRAIN \
     --max_iters=$STEPS --eval_interval=$((STEPS / 2)) --eval_iters=5 --log_interval=5 --keep_checkpoints="()" \
     --init_from=resume
 # 4. KV-cache decoding against recomputing the context

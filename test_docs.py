@@ -48,8 +48,10 @@ def test_every_documented_command_names_a_real_script_config_and_flag(path):
     for line, argv in commands:
         script, args = script_and_args(argv)
         if script is None:
-            if argv[:2] == ['pip', 'install']:
-                assert os.path.isfile(os.path.join(HERE, argv[-1])), line
+            if argv[:2] == ['pip', 'install'] and '-r' in argv:
+                assert os.path.isfile(os.path.join(HERE, argv[argv.index('-r') + 1])), line
+            elif argv[:2] == ['pip', 'install']:
+                assert argv[2:] == ['torch', '--index-url', 'https://download.pytorch.org/whl/cpu'], line
             continue
         assert os.path.isfile(os.path.join(HERE, script)), line
         if script.endswith('.sh'):
@@ -70,13 +72,16 @@ def test_model_py_imports_nothing_from_the_project():
     assert imported <= {'torch', 'inspect', 'math', 'os', 'dataclasses', 'typing', 'transformers'}  # the last: optional, for GPT-2 weights
 
 
-def test_a_new_variant_is_one_file_in_config(tmp_path):
-    name = f'zz_test_variant_{os.getpid()}'
-    path = os.path.join(common.CONFIG_DIR, f'{name}.py')
-    with open(path, 'w') as f:
-        f.write("out_dir = 'out-zz'\nquery = 'identity'\nmlp_hidden = 5 * n_embd\n")
+def test_a_new_variant_is_one_file_in_config(tmp_path, monkeypatch):
+    """A file added to the config folder (here a copy of config/ under tmp_path) is a variant everywhere."""
+    import shutil
+    folder = tmp_path / 'config'
+    shutil.copytree(common.CONFIG_DIR, folder)
+    monkeypatch.setattr(common, 'CONFIG_DIR', str(folder))
+    name = 'zz_test_variant'
+    (folder / f'{name}.py').write_text("out_dir = 'out-zz'\nquery = 'identity'\nmlp_hidden = 5 * n_embd\n")
+    report.known_variants.cache_clear()
     try:
-        report.known_variants.cache_clear()
         geometry = dict(GPTConfig().__dict__)
         assert name in common.variants(geometry) and name in report.known_variants()
         cfg = bench.variant_config(name, dict(bench.DEFAULTS, n_embd=64, n_head=2))
@@ -85,9 +90,9 @@ def test_a_new_variant_is_one_file_in_config(tmp_path):
                            '--batch_size=2', '--steps=1', '--warmup=1', f'--variants=baseline,{name}'])
         assert report.variant_color(f'{name}_s1') == report.variant_color(name) != report.variant_color('baseline')
     finally:
-        os.remove(path)
         report.known_variants.cache_clear()
-    assert name not in common.variants(geometry)
+    monkeypatch.undo()
+    assert name not in common.variants(geometry)  # the checkout's config/ never held it
 
 
 def test_each_variant_keeps_one_colour_and_the_demo_bases_are_not_variants():
@@ -98,3 +103,26 @@ def test_each_variant_keeps_one_colour_and_the_demo_bases_are_not_variants():
     assert report.variant_color('reduced_lr0.002_wd0_s101') == report.variant_color('reduced')
     assert len({report.variant_color(n) for n in names}) == len(names)
     assert report.variant_color('some_run', 3) == 'C3'
+
+
+def test_readme_cost_figures_are_the_models_own_counts():
+    """The README's parameter and FLOP savings at GPT-2 small, recomputed from model.py."""
+    import torch
+    from model import GPT
+    text = open(os.path.join(HERE, 'README.md')).read()
+    found = re.search(r'(\d+\.\d+)% fewer parameters, and (\d+\.\d+)% \(block 256\) to (\d+\.\d+)% \(block 1024\) '
+                      r'fewer\s+training FLOPs per token', text)
+    assert found, "the README's cost sentence changed: keep it tested"
+    with torch.device('meta'):
+        base, reduced = (GPT(GPTConfig(query=q), verbose=False) for q in ('linear', 'identity'))
+    saving = lambda a, b: f"{100 * (1 - b / a):.{len(found.group(1).split('.')[1])}f}"
+    assert found.group(1) == saving(base.get_num_params(), reduced.get_num_params())
+    assert found.group(2) == f"{100 * (1 - reduced.flops_per_token(256) / base.flops_per_token(256)):.1f}"
+    assert found.group(3) == f"{100 * (1 - reduced.flops_per_token(1024) / base.flops_per_token(1024)):.1f}"
+    assert '124.37M' in text and '117.30M' in text
+    assert (base.get_num_params(), reduced.get_num_params()) == (124_373_760, 117_295_872)
+
+
+@pytest.mark.parametrize('path', DOCS, ids=os.path.basename)
+def test_docs_name_no_path_outside_the_repository(path):
+    assert not re.search(r'(^|[\s`(])\.\./', open(path).read(), re.M), path

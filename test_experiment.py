@@ -254,11 +254,8 @@ def test_runner_runs_commits_and_skips(data_root, tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(E, 'NAME', f'test-{os.getpid()}')
     root = str(tmp_path / 'experiments')
     fake_committed(root, E.Run('baseline', 2e-3, 0.1, E.SELECTION_SEED), 2.5)  # committed earlier: skipped
-    try:
-        E.main([f'--root={root}'])
-    finally:
-        import shutil
-        shutil.rmtree(f'out-{E.NAME}', ignore_errors=True)
+    E.main([f'--root={root}', f'--design={E.NAME}', f'--work_root={tmp_path}'])
+    assert os.path.isdir(tmp_path / f'out-{E.NAME}' / 'reduced_lr0.002_wd0.1_s100')  # trained there, not in the checkout
     out = capsys.readouterr().out
     assert [line.split()[1:] for line in out.splitlines() if line[:2].isdigit()] == [
         ['start', 'reduced_lr0.002_wd0.1_s100'], ['finished', 'reduced_lr0.002_wd0.1_s100']]
@@ -266,7 +263,7 @@ def test_runner_runs_commits_and_skips(data_root, tmp_path, monkeypatch, capsys)
     folder = os.path.join(root, E.NAME, 'reduced_lr0.002_wd0.1_s100')
     assert sorted(os.listdir(folder)) == ['config.json', 'log.jsonl']  # no checkpoint is committed
     assert E.committed_results(root)['reduced_lr0.002_wd0.1_s100'] > 0
-    assert E.main([f'--root={root}', '--status=True']) == []  # nothing left: a second invocation starts nothing
+    assert E.main([f'--root={root}', '--status=True', f'--design={E.NAME}']) == []  # nothing left to start
 
 
 def test_a_diverged_run_is_committed_as_infinitely_bad(tmp_path):
