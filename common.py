@@ -48,7 +48,8 @@ def run_main(main):
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except BrokenPipeError:  # `python sample.py ... | head`: the reader has gone, nothing is wrong
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        # so that the exit's flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(141)
 
 
@@ -121,23 +122,28 @@ def key_comments(path):
     comments = {}
     for tok in tokenize.generate_tokens(iter(source.splitlines(keepends=True)).__next__):
         if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = (tok.line.strip().startswith('#'), tok.string[1:].strip(), tok.string)
+            alone = tok.line.strip().startswith('#')
+            comments[tok.start[0]] = (alone, tok.string[1:].strip(), tok.string)
     entries = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Assign) and [getattr(t, 'id', None) for t in node.targets] == ['DEFAULTS']:
+        names = [getattr(t, 'id', None) for t in getattr(node, 'targets', [])]
+        if isinstance(node, ast.Assign) and names == ['DEFAULTS']:
             keys = [(kw.arg, kw.lineno) for kw in node.value.keywords]
-        elif isinstance(node, ast.ClassDef) and any(getattr(d, 'id', None) == 'dataclass' for d in node.decorator_list):
+        elif isinstance(node, ast.ClassDef) and \
+                any(getattr(d, 'id', None) == 'dataclass' for d in node.decorator_list):
             keys = [(n.target.id, n.lineno) for n in node.body if isinstance(n, ast.AnnAssign)]
         else:
             continue
         dataclass_fields = isinstance(node, ast.ClassDef)
-        group, headers = None, {line: text for line, (alone, text, raw) in comments.items()
-                                if alone and node.lineno < line < node.end_lineno and not raw[1:2 + 1].isspace()}
+        headers = {line: text for line, (alone, text, raw) in comments.items()
+                   if alone and node.lineno < line < node.end_lineno and not raw[2:3].isspace()}
         for i, (key, line) in enumerate(keys):
             earlier = [h for h in headers if h < line]
-            group = headers[max(earlier)].split(':')[0] if earlier else 'model' if dataclass_fields else None
+            group = headers[max(earlier)].split(':')[0] if earlier else \
+                'model' if dataclass_fields else None
             alone, text, _ = comments.get(line, (True, '', ''))
-            shared = sum(1 for _, other in keys if other == line) > 1  # a, b = ..., ...: no comment of its own
+            # several keys on one line have no comment of their own
+            shared = sum(1 for _, other in keys if other == line) > 1
             entries.append((key, group, '' if alone or shared else text))
     return entries
 
@@ -158,7 +164,8 @@ def help_text(defaults, sources):
         group, text = described.get(key, ('settings', ''))
         groups.setdefault(group, []).append((key, text))
     width = max(len(f"--{k}={defaults[k]!r}") for k in defaults)
-    lines = [usage, '', 'Arguments are config files (plain Python) and --key=value, applied in order. Keys:']
+    lines = [usage, '', 'Arguments are config files (plain Python) and --key=value, applied in '
+             'order. Keys:']
     for group, keys in ((g, k) for g, k in groups.items() if k):
         lines.append(f"\n{group}:")
         for key, text in keys:
@@ -172,7 +179,8 @@ def run_config_file(path, config):
     configurator does, so a file can derive a value (`mlp_hidden = 9 * n_embd // 2`) from the
     geometry that earlier files or defaults set; what it leaves alone is not returned."""
     if not os.path.isfile(path):
-        raise UserError(f"config file '{path}' not found (arguments are config files and --key=value)")
+        raise UserError(f"config file '{path}' not found (arguments are config files and "
+                        "--key=value)")
     namespace = dict(config)
     try:
         with open(path) as f:
@@ -180,7 +188,8 @@ def run_config_file(path, config):
     except Exception as e:
         raise UserError(f"config file '{path}' failed: {type(e).__name__}: {e}") from None
     return {key: value for key, value in namespace.items()
-            if not key.startswith('_') and not isinstance(value, (types.ModuleType, types.FunctionType, type))
+            if not key.startswith('_')
+            and not isinstance(value, (types.ModuleType, types.FunctionType, type))
             and not (key in config and value is config[key])}
 
 
@@ -205,7 +214,8 @@ def variant_settings(name, config, keys):
     so a file written against n_embd fits any geometry."""
     known = variants(config)
     if name not in known:
-        raise UserError(f"unknown variant '{name}': choose from {', '.join(known)} (a file config/<name>.py)")
+        raise UserError(f"unknown variant '{name}': choose from {', '.join(known)} "
+                        "(a file config/<name>.py)")
     made = run_config_file(os.path.join(CONFIG_DIR, f'{name}.py'), config)
     return {k: v for k, v in made.items() if k in keys}
 
@@ -250,7 +260,9 @@ class DeviceSetup:
         """model in eval mode on the device; on a GPU its weights (and so its KV cache) in the
         16-bit dtype, so decoding casts nothing per token."""
         model.eval().to(self.device)
-        return model.to(getattr(torch, self.dtype)) if self.type == 'cuda' and self.dtype != 'float32' else model
+        if self.type == 'cuda' and self.dtype != 'float32':
+            return model.to(getattr(torch, self.dtype))
+        return model
 
 
 def setup_device(device=None, dtype=None, compile=None):
@@ -262,7 +274,8 @@ def setup_device(device=None, dtype=None, compile=None):
     if on_cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    return DeviceSetup(device, dtype, on_cuda if compile is None else bool(compile), autocast(device, dtype))
+    compile = on_cuda if compile is None else bool(compile)
+    return DeviceSetup(device, dtype, compile, autocast(device, dtype))
 
 
 # Dense 16-bit tensor-core peaks (FLOP/s), by the full name torch.cuda.get_device_name() reports.
@@ -283,7 +296,8 @@ PEAK_FLOPS = {
 
 def device_peak_flops(device=None):
     """The accelerator's dense 16-bit peak, or None (CPU or a device not in PEAK_FLOPS)."""
-    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != 'cuda'):
+    if not torch.cuda.is_available() or (device is not None and
+                                         torch.device(device).type != 'cuda'):
         return None
     return PEAK_FLOPS.get(torch.cuda.get_device_name(device))
 
@@ -292,7 +306,8 @@ def autocast(device, dtype):
     """Mixed precision for a dtype name; float32 runs as it is."""
     if dtype == 'float32':
         return nullcontext()
-    return torch.autocast('cuda' if device.startswith('cuda') else 'cpu', dtype=getattr(torch, dtype))
+    kind = 'cuda' if device.startswith('cuda') else 'cpu'
+    return torch.autocast(kind, dtype=getattr(torch, dtype))
 
 
 # -----------------------------------------------------------------------------
@@ -318,9 +333,9 @@ class GPT2Tokenizer:
         try:
             self.enc = tiktoken.get_encoding('gpt2')
         except Exception as e:
-            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}); tiktoken downloads it once: "
-                            "connect once, or set TIKTOKEN_CACHE_DIR to a folder with its cached files, "
-                            "or use --tokenizer=byte") from None
+            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}); tiktoken downloads "
+                            "it once: connect once, or set TIKTOKEN_CACHE_DIR to a folder with its "
+                            "cached files, or use --tokenizer=byte") from None
 
     def encode(self, text):
         return self.enc.encode_ordinary(text)  # special-token text in the corpus stays plain text
@@ -357,7 +372,8 @@ def bins_match_meta(data_dir, meta):
         path = os.path.join(data_dir, f'{split}.bin')
         size = os.path.getsize(path) if os.path.exists(path) else -1
         if size != meta[f'{split}_tokens'] * np.dtype(meta['dtype']).itemsize:
-            return f"{path} does not match meta.json (missing or truncated): re-run prepare.py with --force=True"
+            return (f"{path} does not match meta.json (missing or truncated): re-run prepare.py "
+                    "with --force=True")
     return None
 
 
@@ -375,7 +391,8 @@ class Dataset:
         every model, restart and world size."""
         seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
         g = torch.Generator().manual_seed(seed)
-        return torch.randint(self.tokens(split) - self.block_size - 1, (count,), generator=g).numpy()
+        high = self.tokens(split) - self.block_size - 1
+        return torch.randint(high, (count,), generator=g).numpy()
 
     def repeated_tokens(self, count, *key):
         """(count, 2P) rows of P random tokens, then the same P again (2P: block_size rounded
@@ -392,9 +409,10 @@ class Dataset:
         return torch.cat([half, half], dim=1)
 
     def tiling(self, split, batch_size):
-        """Batches of up to batch_size window starts, with their window length, in which every token of the split
-        after the first is a target exactly once, in order: full windows end to end, then one
-        shorter window for the remainder. Nothing random: the same tokens for every run."""
+        """Batches of up to batch_size window starts, with their window length, in which every
+        token of the split after the first is a target exactly once, in order: full windows end
+        to end, then one shorter window for the remainder. Nothing random: the same tokens for
+        every run."""
         targets, block = self.tokens(split) - 1, self.block_size
         starts = np.arange(targets // block) * block
         batches = [(starts[i:i + batch_size], block) for i in range(0, len(starts), batch_size)]
@@ -410,7 +428,8 @@ class Dataset:
         xy = torch.from_numpy(np.stack([data[s:s + length + 1] for s in starts]).astype(np.int64))
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
         if str(device).startswith('cuda'):
-            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+            return (x.pin_memory().to(device, non_blocking=True),
+                    y.pin_memory().to(device, non_blocking=True))
         return x, y
 
 
@@ -418,14 +437,16 @@ def open_dataset(data_root, name, block_size):
     data_dir = os.path.join(data_root, name)
     meta_path = os.path.join(data_dir, 'meta.json')
     if not os.path.exists(meta_path):
-        raise UserError(f"no prepared dataset at {data_dir}: run `python prepare.py --dataset={name}` first")
+        raise UserError(f"no prepared dataset at {data_dir}: run "
+                        f"`python prepare.py --dataset={name}` first")
     meta = read_json(meta_path, 'meta.json')
     problem = bins_match_meta(data_dir, meta)
     if problem:
         raise UserError(problem)
     for split in SPLITS:
         if meta[f'{split}_tokens'] <= block_size + 1:
-            raise UserError(f"{data_dir}/{split}.bin has {meta[f'{split}_tokens']} tokens, too few for block_size {block_size}")
+            raise UserError(f"{data_dir}/{split}.bin has {meta[f'{split}_tokens']} tokens, too few "
+                            f"for block_size {block_size}")
     return Dataset(data_dir, meta, block_size)
 
 
@@ -463,7 +484,8 @@ def read_json(path, what):
     except FileNotFoundError:
         raise UserError(f"{what} not found at {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{what} at {path} is not valid JSON ({e}); delete it and regenerate it") from None
+        raise UserError(f"{what} at {path} is not valid JSON ({e}); delete it and regenerate it"
+                        ) from None
 
 
 def read_jsonl(path):
@@ -495,12 +517,15 @@ def load_checkpoint(path, map_location='cpu', mmap=False):
     """weights_only=True: a checkpoint from someone else cannot run code on load. mmap=True
     reads tensors lazily (cheap when only model_args are wanted)."""
     if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path}: train one first, or point --out_dir at a run directory")
+        raise UserError(f"no checkpoint at {path}: train one first, or point --out_dir at a run "
+                        "directory")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot read checkpoint {path}: {first[:200]} (corrupt, truncated, or not a checkpoint)") from None
+        raise UserError(f"cannot read checkpoint {path}: {first[:200]} (corrupt, truncated, or not "
+                        "a checkpoint)") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
-        raise UserError(f"{path} is not a kvgpt/nanoGPT checkpoint (it needs 'model' and 'model_args')")
+        raise UserError(f"{path} is not a kvgpt/nanoGPT checkpoint (it needs 'model' and "
+                        "'model_args')")
     return ckpt

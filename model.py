@@ -31,7 +31,8 @@ from torch.nn import functional as F
 #   nonlinear      mix * (x + f(x)),           the follow-up (arXiv 2603.13381), mix = 1/2 and
 #                  f = LN(GELU(RMSNorm(x) W1) W2)   W1: d x r, W2: r x d, r = d/2: W_Q's d^2 weights
 QUERY_MODES = ('linear', 'identity', 'residual', 'residual_gelu', 'nonlinear')
-ACTIVATIONS = {'gelu': lambda x: F.gelu(x), 'gelu_tanh': lambda x: F.gelu(x, approximate='tanh'), 'relu': F.relu}
+ACTIVATIONS = {'gelu': lambda x: F.gelu(x), 'gelu_tanh': lambda x: F.gelu(x, approximate='tanh'),
+               'relu': F.relu}
 
 
 @dataclass
@@ -46,8 +47,8 @@ class GPTConfig:
     tie_weights: bool = True  # lm_head shares the token embedding
     mlp_hidden: Optional[int] = None  # None: 4 * n_embd (paper's larger MLP: 3456)
     query: str = 'linear'  # one of QUERY_MODES; 'identity' is the paper's reduced model
-    query_rank: Optional[int] = None  # nonlinear query: bottleneck width r; None: n_embd // 2 (the follow-up's)
-    query_mix: float = 0.5  # nonlinear query: q = query_mix * (x + f(x)); the follow-up's code uses 1.0
+    query_rank: Optional[int] = None  # nonlinear query: bottleneck width r; None: n_embd // 2
+    query_mix: float = 0.5  # nonlinear query: q = query_mix * (x + f(x)); the follow-up's code: 1.0
     key_identity: bool = False  # W_K = I (theory: any one of the three may go)
     value_identity: bool = False  # W_V = I
     attn_scale: Optional[float] = None  # None: 1/sqrt(hd), halved when Q or K is I
@@ -56,14 +57,14 @@ class GPTConfig:
     norm: bool = True  # False: no LayerNorm anywhere (where the theorems are exact)
     mlp_residual: bool = True  # False: the skip connection surrounds only the attention
     share_layers: bool = False  # one block's weights reused n_layer times (ALBERT-style)
-    activation: str = 'gelu'  # 'gelu_tanh': OpenAI GPT-2's approximation; 'relu': theorem 8.4's setting
-    init_std: float = 0.02  # std of every weight at init (GPT-2's); the residual projections get init_std/sqrt(2 n_layer)
+    activation: str = 'gelu'  # 'gelu_tanh': OpenAI GPT-2's approximation; 'relu': theorem 8.4's
+    init_std: float = 0.02  # every weight's init std (GPT-2's); residual projections: /√(2 n_layer)
     query_identity: InitVar[bool] = False  # the paper's flag: True is query='identity' (not stored)
 
     def __post_init__(self, query_identity=False):
         if query_identity:
             if self.query not in ('linear', 'identity'):
-                raise ValueError(f"query_identity=True contradicts query='{self.query}': set one of them")
+                raise ValueError(f"query_identity=True contradicts query='{self.query}': set one")
             self.query = 'identity'
         if self.mlp_hidden is None:
             self.mlp_hidden = 4 * self.n_embd
@@ -77,21 +78,24 @@ class GPTConfig:
         if self.query != 'linear':
             identities.insert(0, f"query='{self.query}'")
         if len(identities) > 1:
-            raise ValueError(f"at most one of query='identity' (or another non-linear query), key_identity, "
-                             f"value_identity may be set, got {identities}")
-        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden', 'n_kv_head',
-                     'query_rank'):
+            raise ValueError("at most one of query='identity' (or another non-linear query), "
+                             f"key_identity, value_identity may be set, got {identities}")
+        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden',
+                     'n_kv_head', 'query_rank'):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head "
+                             f"({self.n_kv_head})")
         if (self.key_identity or self.value_identity) and self.n_kv_head != self.n_head:
             raise ValueError("key_identity/value_identity need n_kv_head == n_head: "
-                             "with grouped-query attention K and V are narrower than the input, so they cannot be the identity")
+                             "with grouped-query attention K and V are narrower than the input, so "
+                             "they cannot be the identity")
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got "
+                             f"{self.activation!r}")
         if not self.query_mix > 0:
             raise ValueError(f"query_mix must be positive, got {self.query_mix}")
         if not 0.0 <= self.dropout < 1.0:
@@ -104,7 +108,8 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, args):
         """A config from saved model_args; keys it does not know (nanoGPT's extras) are ignored.
-        Older kvgpt checkpoints name the reduced model query_identity=True: read as query='identity'."""
+        Older kvgpt checkpoints name the reduced model query_identity=True: read as
+        query='identity'."""
         args = upgrade_query(args)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in args.items() if k in known})
@@ -124,8 +129,9 @@ class GPTConfig:
 
 
 def upgrade_query(args):
-    """Settings with the old shorthand query_identity (kvgpt before `query`) as the one setting `query`:
-    query_identity=True is query='identity'; query None is 'linear'. Contradictions are errors."""
+    """Settings with the old shorthand query_identity (kvgpt before `query`) as the one setting
+    `query`: query_identity=True is query='identity'; query None is 'linear'. Contradictions are
+    errors."""
     args = dict(args)
     legacy, query = args.pop('query_identity', False), args.get('query')
     if legacy and query not in (None, 'identity'):
@@ -181,9 +187,11 @@ def attend(q, k, v, mask, causal, scale, dropout_p=0.0, path=None):
     is_causal of F.scaled_dot_product_attention (query i sees keys 0..i), mask a boolean
     (T, S) of allowed entries. path None: attention_path's choice."""
     if (path or attention_path(q)) == 'sdpa':
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
-                                              dropout_p=dropout_p, enable_gqa=k.size(1) != q.size(1))
-    if k.size(1) != q.size(1):  # grouped-query attention: each K/V head serves n_head/n_kv_head queries
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              scale=scale, dropout_p=dropout_p,
+                                              enable_gqa=k.size(1) != q.size(1))
+    # grouped-query attention: each K/V head serves n_head/n_kv_head queries
+    if k.size(1) != q.size(1):
         k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
         v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
     scores = (q @ k.transpose(-2, -1)) * scale
@@ -311,7 +319,8 @@ class GPT(nn.Module):
         # GPT-2's scaled init of the projections that write into the residual stream
         for name, p in self.named_parameters():
             if name.endswith('c_proj.weight'):
-                torch.nn.init.normal_(p, mean=0.0, std=config.init_std / math.sqrt(2 * config.n_layer))
+                std = config.init_std / math.sqrt(2 * config.n_layer)
+                torch.nn.init.normal_(p, mean=0.0, std=std)
         if verbose:
             print(f"number of parameters: {self.get_num_params() / 1e6:.2f}M")
 
@@ -351,7 +360,8 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.config.block_size:
-            raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
+            raise ValueError(f"sequence of length {start + T} is longer than block_size "
+                             f"{self.config.block_size}")
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for layer, block in enumerate(self.blocks()):
@@ -362,18 +372,21 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None  # inference: only the last position is needed
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=-1)
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW; decay on every tensor with 2+ dims (matmuls, embeddings), none on norms and biases."""
+        """AdamW; decay on every tensor with 2+ dims (matmuls, embeddings), none on norms and
+        biases."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [
             {'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
             {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0},
         ]
         fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({'fused': True} if fused else {}))
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas,
+                                 **({'fused': True} if fused else {}))
 
     def flops_per_token(self, T=None):
         """Training FLOPs per token (forward + backward, PaLM appendix B): 6 per matmul weight
@@ -381,7 +394,7 @@ class GPT(nn.Module):
         A reduced model has fewer matmul weights and so fewer FLOPs."""
         T = T or self.config.block_size
         cfg = self.config
-        per_layer = sum(p.numel() for b in self.blocks()[:1] for n, p in b.named_parameters() if p.dim() == 2)
+        per_layer = sum(p.numel() for p in self.blocks()[0].parameters() if p.dim() == 2)
         matmul = cfg.n_layer * per_layer + self.lm_head.weight.numel()
         return 6 * matmul + 12 * cfg.n_layer * cfg.n_embd * T
 
@@ -396,17 +409,20 @@ class GPT(nn.Module):
     # diagnostics: what the paper's two adjustments (halved scale, lower weight decay) act on
 
     def attention_probs(self, block, x):
-        """Block's attention probabilities (B, n_head, T, T) on its input x, with the scores, q and k."""
+        """(probabilities (B, n_head, T, T), scores, q, k) of block's attention on its input x."""
         attn, T = block.attn, x.size(1)
         q, k, _ = attn.qkv(block.ln_1(x))
         dtype = torch.promote_types(q.dtype, torch.float32)  # at least fp32, float64 stays float64
         q, k = q.to(dtype), k.to(dtype).repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        scores = attn.scale * q @ k.transpose(-1, -2)
-        return torch.softmax(scores.masked_fill(~causal, float('-inf')), dim=-1), scores, q, k
+        with torch.autocast(x.device.type, enabled=False):  # 16-bit probabilities underflow to 0
+            scores = attn.scale * q @ k.transpose(-1, -2)
+            probs = torch.softmax(scores.masked_fill(~causal, float('-inf')), dim=-1)
+        return probs, scores, q, k
 
     def embed(self, idx):
-        return self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.size(1), device=idx.device))
+        pos = torch.arange(idx.size(1), device=idx.device)
+        return self.transformer.wte(idx) + self.transformer.wpe(pos)
 
     @torch.no_grad()
     def diagnostics(self, idx):
@@ -422,7 +438,8 @@ class GPT(nn.Module):
         out = dict(logit_std=[], entropy=[], entropy_norm=[], q_rms=[], k_rms=[])
         for block in self.blocks():
             probs, scores, q, k = self.attention_probs(block, x)
-            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # (B, nh, T); masked p = 0 adds 0
+            # (B, nh, T); a masked p = 0 adds 0
+            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
             out['logit_std'].append(scores[..., causal].std().item())
             out['entropy'].append(entropy.mean().item())
             out['entropy_norm'].append((entropy[..., 1:] / max_entropy[1:]).mean().item())
@@ -458,7 +475,8 @@ class GPT(nn.Module):
             if p.dim() < 2:
                 continue
             group = ('attn_out' if 'attn.c_proj' in name else 'attn_in' if '.attn.' in name else
-                     'mlp_in' if 'mlp.c_fc' in name else 'mlp_out' if 'mlp.c_proj' in name else 'embeddings')
+                     'mlp_in' if 'mlp.c_fc' in name else 'mlp_out' if 'mlp.c_proj' in name else
+                     'embeddings')
             groups[group] += p.detach().double().pow(2).sum().item()
         return {k: math.sqrt(v) for k, v in groups.items()}
 
@@ -492,13 +510,16 @@ class GPT(nn.Module):
 
     def cache_dtype(self, device):
         kind = torch.device(device).type
-        return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.lm_head.weight.dtype
+        if torch.is_autocast_enabled(kind):
+            return torch.get_autocast_dtype(kind)
+        return self.lm_head.weight.dtype
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                  eos_token=None, use_cache=True, generator=None):
         """idx (B, T) extended by up to max_new_tokens (see generate_stream)."""
-        steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_token)
+        steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache,
+                                     generator, eos_token)
         return torch.cat([idx, *steps], dim=1)
 
     # -------------------------------------------------------------------------
@@ -509,12 +530,14 @@ class GPT(nn.Module):
         """The model of a checkpoint dict (common.load_checkpoint). nanoGPT's model_args lack
         kvgpt's fields, whose defaults describe nanoGPT's model; old kvgpt checkpoints name the
         reduced model query_identity=True, which GPTConfig.from_dict reads as query='identity'."""
-        state = {k.removeprefix('module.').removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}
+        state = {k.removeprefix('module.').removeprefix('_orig_mod.'): v
+                 for k, v in ckpt['model'].items()}
         try:
             model = cls(GPTConfig.from_dict(ckpt['model_args']), verbose=verbose)
             model.load_state_dict(state)
         except (ValueError, RuntimeError, TypeError) as e:
-            raise ValueError(f"checkpoint weights do not fit its model_args: {str(e).splitlines()[0][:300]}") from None
+            raise ValueError("checkpoint weights do not fit its model_args: "
+                             f"{str(e).splitlines()[0][:300]}") from None
         return model
 
     @classmethod
@@ -523,12 +546,13 @@ class GPT(nn.Module):
         saved by transformers. Conv1D weights are stored transposed; GPT-2's MLP uses tanh GELU."""
         hf = load_hf_gpt2(name_or_path)
         h = hf.config
-        act = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu', 'relu': 'relu'}.get(
-            h.activation_function)
+        act = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu',
+               'relu': 'relu'}.get(h.activation_function)
         if act is None:
             raise ValueError(f"unsupported GPT-2 activation {h.activation_function!r}")
-        model = cls(GPTConfig(n_layer=h.n_layer, n_head=h.n_head, n_embd=h.n_embd, block_size=h.n_positions,
-                              vocab_size=h.vocab_size, bias=True, tie_weights=True, dropout=dropout,
+        model = cls(GPTConfig(n_layer=h.n_layer, n_head=h.n_head, n_embd=h.n_embd,
+                              block_size=h.n_positions, vocab_size=h.vocab_size, bias=True,
+                              tie_weights=True, dropout=dropout,
                               mlp_hidden=h.n_inner or 4 * h.n_embd, activation=act))
         ours = model.state_dict()
         with torch.no_grad():
@@ -542,22 +566,25 @@ class GPT(nn.Module):
 
 
 GPT2_SIZES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
-HF_TRANSPOSED = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')  # Conv1D
+# GPT-2's Conv1D weights, stored transposed
+HF_TRANSPOSED = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
 
 
 def load_hf_gpt2(name_or_path):
     if name_or_path not in GPT2_SIZES and not os.path.isdir(str(name_or_path)):
-        raise ValueError(f"init_from must be scratch, resume, auto, one of {', '.join(GPT2_SIZES)} or a local GPT-2 "
-                         f"folder; got {name_or_path!r}")
+        raise ValueError(f"init_from must be scratch, resume, auto, one of {', '.join(GPT2_SIZES)} "
+                         f"or a local GPT-2 folder; got {name_or_path!r}")
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:
-        raise ImportError("loading GPT-2 weights needs transformers: `pip install transformers`") from None
+        raise ImportError("loading GPT-2 weights needs transformers: `pip install "
+                          "transformers`") from None
     try:
         return GPT2LMHeadModel.from_pretrained(name_or_path)
     except Exception as e:
-        raise ValueError(f"cannot load GPT-2 weights '{name_or_path}' ({type(e).__name__}): without network, "
-                         "save them once with transformers and pass the folder") from None
+        raise ValueError(f"cannot load GPT-2 weights '{name_or_path}' ({type(e).__name__}): "
+                         "without network, save them once with transformers and pass the folder"
+                         ) from None
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
@@ -571,7 +598,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cum - sorted_logits.softmax(dim=-1) >= top_p  # keep the smallest prefix reaching top_p
+        # keep the smallest prefix reaching top_p
+        drop = cum - sorted_logits.softmax(dim=-1) >= top_p
         sorted_logits = sorted_logits.masked_fill(drop, float('-inf'))
         logits = torch.full_like(logits, float('-inf')).scatter(-1, order, sorted_logits)
     probs = F.softmax(logits, dim=-1)

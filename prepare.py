@@ -25,10 +25,10 @@ from common import (SPLITS, UserError, bins_match_meta, get_tokenizer, parse_con
                     run_main, write_json)
 
 DEFAULTS = dict(
-    dataset='openwebtext',  # 'openwebtext', 'pydocs' or 'pysource' (embedded), a hub id, or local files
+    dataset='openwebtext',  # 'openwebtext', 'pydocs', 'pysource' (embedded), a hub id, local files
     hub_id='Skylion007/openwebtext',  # where --dataset=openwebtext loads from
     text_column='text',  # the column (or JSON field) that holds each document's text
-    tokenizer=None,  # 'gpt2' or 'byte'; None: byte for the embedded corpora (no download), else gpt2
+    tokenizer=None,  # 'gpt2' or 'byte'; None: byte for the embedded corpora (offline), else gpt2
     val_size=None,  # fraction held out; None: 0.0005 for openwebtext (nanoGPT's split), else 0.05
     seed=2357,  # nanoGPT's split seed
     num_proc=max(1, (os.cpu_count() or 2) // 2),  # tokenizer worker processes
@@ -78,7 +78,8 @@ def pydocs_documents():
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node)
                 if doc:
-                    title = rel[:-3].replace(os.sep, '.') if isinstance(node, ast.Module) else node.name
+                    module = isinstance(node, ast.Module)
+                    title = rel[:-3].replace(os.sep, '.') if module else node.name
                     parts.append(f"{title}\n\n{doc.strip()}\n")
         if parts:
             docs.append('\n'.join(parts))
@@ -93,26 +94,31 @@ def pysource_documents():
     return tuple(f"# {rel}\n{source}" for rel, source in stdlib_files())
 
 
-EMBEDDED = {'pydocs': pydocs_documents, 'pysource': pysource_documents}  # offline, byte-level by default
+# the corpora every Python installation carries: offline, byte-level by default
+EMBEDDED = {'pydocs': pydocs_documents, 'pysource': pysource_documents}
 
 
 # -----------------------------------------------------------------------------
 # loading: every source becomes a `datasets.Dataset` with a text column
 
 def is_local(name):
-    return os.path.exists(name) or os.path.splitext(name)[1] in LOCAL_BUILDERS or name.startswith(('.', '/', '~'))
+    return (os.path.exists(name) or os.path.splitext(name)[1] in LOCAL_BUILDERS
+            or name.startswith(('.', '/', '~')))
 
 
 def local_files(path):
     if not os.path.exists(path):
         raise UserError(f"no such file or folder: {path}")
-    files = sorted(glob.glob(os.path.join(path, '**', '*'), recursive=True)) if os.path.isdir(path) else [path]
+    files = [path]
+    if os.path.isdir(path):
+        files = sorted(glob.glob(os.path.join(path, '**', '*'), recursive=True))
     files = [f for f in files if os.path.isfile(f) and os.path.splitext(f)[1] in LOCAL_BUILDERS]
     if not files:
         raise UserError(f"{path} holds no .txt, .jsonl, .json or .parquet files")
     builders = {LOCAL_BUILDERS[os.path.splitext(f)[1]] for f in files}
     if len(builders) > 1:
-        raise UserError(f"{path} mixes file kinds ({', '.join(sorted(builders))}): prepare one kind at a time")
+        raise UserError(f"{path} mixes file kinds ({', '.join(sorted(builders))}): prepare one "
+                        "kind at a time")
     return builders.pop(), files
 
 
@@ -140,12 +146,14 @@ def load_source(c):
         return datasets.load_dataset(hub_id, split='train', num_proc=c['num_proc'])
     except Exception as e:
         if 'scripts are no longer supported' in str(e):
-            # Skylion007/openwebtext shipped such a script until at least late 2025 (nanoGPT issue #633)
-            raise UserError(f"'{hub_id}' is loaded by a dataset script, which datasets {datasets.__version__} no longer "
-                            f"runs: point --hub_id at a parquet copy of it, or pass downloaded files with "
-                            f"--dataset=path/to/files") from None
-        raise UserError(f"cannot load '{hub_id}' from the Hugging Face hub ({short(e)}); if offline, "
-                        f"pass local files instead: --dataset=path/to/docs.jsonl (or .txt, .parquet, a folder of them)") from None
+            # Skylion007/openwebtext shipped such a script until at least late 2025 (nanoGPT #633)
+            raise UserError(f"'{hub_id}' is loaded by a dataset script, which datasets "
+                            f"{datasets.__version__} no longer runs: point --hub_id at a parquet "
+                            "copy of it, or pass downloaded files with --dataset=path/to/files"
+                            ) from None
+        raise UserError(f"cannot load '{hub_id}' from the Hugging Face hub ({short(e)}); if "
+                        "offline, pass local files instead: --dataset=path/to/docs.jsonl (or .txt, "
+                        ".parquet, a folder of them)") from None
 
 
 def short(e):
@@ -221,11 +229,13 @@ def prepare(c):
     dtype = pick_dtype(c['dtype'], tok.vocab_size)
     out_dir = os.path.join(c['data_root'], c['out_name'])
     meta_path = os.path.join(out_dir, 'meta.json')
-    settings = {k: c[k] for k in ('dataset', 'hub_id', 'text_column', 'tokenizer', 'val_size', 'seed', 'dtype')}
+    settings = {k: c[k] for k in ('dataset', 'hub_id', 'text_column', 'tokenizer', 'val_size',
+                                  'seed', 'dtype')}
     if os.path.exists(meta_path) and not c['force']:
         meta = read_json(meta_path, 'meta.json')
         if meta.get('settings') == settings and bins_match_meta(out_dir, meta) is None:
-            print(f"{out_dir} is up to date ({meta['train_tokens']:,} train tokens); --force=True to redo it")
+            print(f"{out_dir} is up to date ({meta['train_tokens']:,} train tokens); "
+                  "--force=True to redo it")
             return meta
 
     if not c['progress']:
@@ -233,22 +243,25 @@ def prepare(c):
         datasets.disable_progress_bars()
     ds = load_source(c)
     if c['text_column'] not in ds.column_names:
-        raise UserError(f"no column '{c['text_column']}' in {c['dataset']} (columns: {', '.join(ds.column_names)}): "
-                        f"set --text_column")
+        raise UserError(f"no column '{c['text_column']}' in {c['dataset']} "
+                        f"(columns: {', '.join(ds.column_names)}): set --text_column")
     if len(ds) < 2:
-        raise UserError(f"{c['dataset']} has {len(ds)} document(s): a train and a val split need at least 2")
+        raise UserError(f"{c['dataset']} has {len(ds)} document(s): a train and a val split need "
+                        "at least 2")
     split = ds.train_test_split(test_size=c['val_size'], seed=c['seed'], shuffle=True)
     split['val'] = split.pop('test')
-    tokenized = {s: split[s].map(tokenize_batch, batched=True, num_proc=min(c['num_proc'], len(split[s])),
+    tokenized = {s: split[s].map(tokenize_batch, batched=True,
+                                 num_proc=min(c['num_proc'], len(split[s])),
                                  remove_columns=split[s].column_names, desc=f"tokenizing {s}",
-                                 fn_kwargs=dict(tokenizer=tok.name, column=c['text_column'])) for s in SPLITS}
+                                 fn_kwargs=dict(tokenizer=tok.name, column=c['text_column']))
+                 for s in SPLITS}
     n_chars = sum(column_sum(tokenized[s], 'chars') for s in SPLITS)
     if n_chars == 0:
         raise UserError(f"{c['dataset']} is empty: every document's '{c['text_column']}' is blank")
 
     os.makedirs(out_dir, exist_ok=True)
-    meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype, source=c['dataset'],
-                settings=settings, documents=len(ds), characters=n_chars)
+    meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype,
+                source=c['dataset'], settings=settings, documents=len(ds), characters=n_chars)
     paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}
     try:  # both bins complete under temporary names first: a failure leaves the old data as it was
         for s in SPLITS:
@@ -263,7 +276,8 @@ def prepare(c):
         for s in SPLITS:
             if os.path.exists(paths[s] + '.tmp'):
                 os.remove(paths[s] + '.tmp')
-    print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens ({tok.name}, {dtype})")
+    print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
+          f"({tok.name}, {dtype})")
     return meta
 
 

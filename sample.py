@@ -12,13 +12,13 @@ import os
 import sys
 import torch
 
-from common import (UserError, get_tokenizer, model_errors, model_from_checkpoint, parse_config, run_main, setup_device,
-                    stream_decoder)
+from common import (UserError, get_tokenizer, model_errors, model_from_checkpoint, parse_config,
+                    run_main, setup_device, stream_decoder)
 from model import GPT
 
 DEFAULTS = dict(
     out_dir='out',  # the run to sample from (out_dir/ckpt.pt)
-    init_from='resume',  # 'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local Hugging Face GPT-2 folder
+    init_from='resume',  # 'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 folder
     start='\n',  # the prompt, or FILE:path to read it from a file
     num_samples=3,  # samples drawn, one after another
     max_new_tokens=500,  # tokens generated per sample at most
@@ -38,12 +38,14 @@ def check_settings(c):
     if not isinstance(c['num_samples'], int) or c['num_samples'] < 1:
         raise UserError(f"num_samples must be a positive integer, got {c['num_samples']!r}")
     if not isinstance(c['max_new_tokens'], int) or c['max_new_tokens'] < 0:
-        raise UserError(f"max_new_tokens must be a non-negative integer, got {c['max_new_tokens']!r}")
+        raise UserError("max_new_tokens must be a non-negative integer, "
+                        f"got {c['max_new_tokens']!r}")
     if c['temperature'] < 0:
         raise UserError(f"temperature must be >= 0 (0 is greedy), got {c['temperature']}")
     if c['top_k'] is not None and (not isinstance(c['top_k'], int) or c['top_k'] <= 0):
         raise UserError(f"top_k must be a positive integer or None, got {c['top_k']!r}")
-    if c['top_p'] is not None and not (isinstance(c['top_p'], (int, float)) and 0 < c['top_p'] <= 1):
+    top_p = c['top_p']
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
         raise UserError(f"top_p must be in (0, 1] or None, got {c['top_p']!r}")
 
 
@@ -76,12 +78,12 @@ def encode_prompt(text, tok, model):
         ids = [tok.eot]
     vocab = model.config.vocab_size
     if max(ids) >= vocab:
-        raise UserError(f"the prompt has token {max(ids)}, outside the model's vocabulary of {vocab}: "
-                        f"this checkpoint was not trained with the {tok.name} tokenizer")
+        raise UserError(f"the prompt has token {max(ids)}, outside the model's vocabulary of "
+                        f"{vocab}: this checkpoint was not trained with the {tok.name} tokenizer")
     block = model.config.block_size
     if len(ids) > block:
-        print(f"warning: the prompt has {len(ids)} tokens, more than block_size {block}: keeping the last {block}",
-              file=sys.stderr)
+        print(f"warning: the prompt has {len(ids)} tokens, more than block_size {block}: "
+              f"keeping the last {block}", file=sys.stderr)
         ids = ids[-block:]
     return ids
 
@@ -93,7 +95,8 @@ def sample(c):
     model, tok = load_model(c)
     dev.for_inference(model)
     if dev.compile:
-        model.compile(dynamic=True)  # in place, so generate()'s own calls run compiled; positions vary
+        # in place, so generate()'s own calls run compiled; positions vary
+        model.compile(dynamic=True)
     ids = encode_prompt(prompt, tok, model)
     generator = torch.Generator(device=dev.device).manual_seed(c['seed'])
     texts = []
@@ -103,8 +106,9 @@ def sample(c):
         print(decoder.decode(tok.decode_bytes(ids)), end='', flush=True)
         x = torch.tensor([ids], dtype=torch.long, device=dev.device)
         with dev.ctx:
-            stream = model.generate_stream(x, c['max_new_tokens'], c['temperature'], c['top_k'], c['top_p'],
-                                           c['use_cache'], generator, tok.eot if c['stop_at_eot'] else None)
+            eot = tok.eot if c['stop_at_eot'] else None
+            stream = model.generate_stream(x, c['max_new_tokens'], c['temperature'], c['top_k'],
+                                           c['top_p'], c['use_cache'], generator, eot)
             for nxt in stream:  # end-of-text decodes to nothing
                 piece = decoder.decode(tok.decode_bytes([nxt.item()]))
                 pieces.append(piece)

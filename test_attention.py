@@ -138,3 +138,15 @@ def test_induction_probe_equals_an_independent_computation():
     targets = idx.numpy()[:, 4:]  # the second copy's targets: positions 3 and 4 predict 4 and 5
     expected = -np.mean([logp[b, i - 1, targets[b, i - 4]] for b in range(2) for i in (4, 5)])
     assert probe['repeat_loss'] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_diagnostics_and_probe_stay_finite_and_close_under_16_bit_autocast(dtype):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64), verbose=False).eval()
+    idx = torch.randint(0, 64, (4, 32))
+    full, probe = model.diagnostics(idx), model.induction(idx)
+    with torch.autocast('cpu', dtype=dtype):
+        low, low_probe = model.diagnostics(idx), model.induction(idx)
+    assert low['entropy'] == pytest.approx(full['entropy'], rel=1e-2)  # 16-bit probabilities gave NaN here
+    assert low_probe['repeat_loss'] == pytest.approx(probe['repeat_loss'], rel=1e-2)

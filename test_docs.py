@@ -126,3 +126,9 @@ def test_readme_cost_figures_are_the_models_own_counts():
 @pytest.mark.parametrize('path', DOCS, ids=os.path.basename)
 def test_docs_name_no_path_outside_the_repository(path):
     assert not re.search(r'(^|[\s`(])\.\./', open(path).read(), re.M), path
+
+
+@pytest.mark.parametrize('name', ['model.py', 'train.py', 'sample.py', 'prepare.py', 'common.py'])
+def test_the_core_files_keep_lines_within_100_characters(name):
+    long = [i for i, line in enumerate(open(os.path.join(HERE, name)), 1) if len(line.rstrip('\n')) > 100]
+    assert not long, f"{name}: lines {long} are over 100 characters"

@@ -39,7 +39,8 @@ def read_log(out_dir):
 
 def losses(log):
     """Everything in the log but the wall-clock fields."""
-    return [{k: v for k, v in e.items() if k not in ('dt_ms', 'tokens_per_s', 'mfu', 'eta_s')} for e in log]
+    return [{k: v for k, v in e.items() if k not in ('dt_ms', 'tokens_per_s', 'mfu', 'eta_s', 'eval_s')}
+            for e in log]
 
 
 def final_state(out_dir):
@@ -364,10 +365,12 @@ def test_fresh_eval_windows_change_per_step_and_match_across_variants(data_root,
 def test_diagnostics_off_logs_none_and_trains_the_same(data_root, tmp_path):
     on = run(data_root, tmp_path / 'on', max_iters=10, eval_interval=5)
     off = run(data_root, tmp_path / 'off', max_iters=10, eval_interval=5, diagnostics=False)
-    assert all('diagnostics' not in e for e in off)
+    probes = ('diagnostics', 'induction', 'repeat_loss')
+    assert all(k not in e for e in off for k in probes)
     evals = [e for e in on if 'val_loss' in e]
     assert len(evals) == 3 and all(len(e['diagnostics']['entropy']) == TINY['n_layer'] for e in evals)
-    strip = lambda log: [{k: v for k, v in e.items() if k != 'diagnostics'} for e in losses(log)]
+    assert all(len(e['induction']) == TINY['n_layer'] for e in evals)
+    strip = lambda log: [{k: v for k, v in e.items() if k not in probes} for e in losses(log)]
     assert strip(on) == strip(off)
     assert_same_state(final_state(tmp_path / 'on'), final_state(tmp_path / 'off'))
 
