@@ -3,6 +3,7 @@ Measure speed, side by side, in one process:
 
     python bench.py                                   # train steps: baseline vs reduced vs reduced_mlp
     python bench.py --n_layer=4 --n_embd=256 --block_size=256 --batch_size=8
+    python bench.py --variants=baseline,reduced,baseline+modern,reduced+modern   # '+' stacks a config
     python bench.py --mode=sample --variants=reduced  # KV cache vs full recomputation, 500 new tokens
     python bench.py --mode=prepare --tokenizer=gpt2   # prepare.py tokens/s vs the tokenizer alone
     python bench.py --mode=runs                       # experiment v3's runs per hour, fp32 vs bf16, jobs
@@ -24,6 +25,7 @@ import time
 
 import torch
 
+import common
 from common import (UserError, device_peak_flops, open_dataset, parse_config, read_jsonl, run_main, setup_device,
                     variant_settings, write_json, write_text)
 from model import GPT, GPTConfig, KVCache
@@ -61,10 +63,20 @@ DEFAULTS = dict(
 
 def variant_config(name, c):
     """The model of config/<name>.py at bench's geometry: the file's model settings, evaluated
-    against n_embd and n_head, so the paper's variants keep their ratios at any size."""
+    against n_embd and n_head, so the paper's variants keep their ratios at any size. A name
+    like 'reduced+modern' stacks config/modern.py's model settings onto the variant's."""
     geometry = {k: c[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size')}
     base = dict(GPTConfig(**geometry).__dict__)
-    return GPTConfig(**{**geometry, **variant_settings(name, base, base.keys())})
+    first, *extras = name.split('+')
+    settings = variant_settings(first, base, base.keys())
+    for extra in extras:
+        path = os.path.join(common.CONFIG_DIR, f'{extra}.py')
+        if not os.path.isfile(path):
+            raise UserError(f"unknown config '{extra}' in '{name}': what follows a '+' is a file "
+                            "config/<name>.py stacked onto the variant")
+        made = common.run_config_file(path, {**base, **settings})
+        settings.update({k: v for k, v in made.items() if k in base})
+    return GPTConfig(**{**geometry, **settings})
 
 
 def sync(device):

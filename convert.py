@@ -43,7 +43,8 @@ DEFAULTS = dict(
 
 
 def exactness(cfg):
-    """None when the change of basis is exact for this architecture, else the reason it is not."""
+    """None when the change of basis is exact for this architecture, else the reason it is not.
+    RoPE rotates q and k after their projections, so it leaves the change of basis exact."""
     if cfg.norm:
         return ("the model has LayerNorm, which does not commute with a change of basis "
                 "(train with norm=False for an exact conversion)")
@@ -107,7 +108,8 @@ def convert_state(sd, cfg, approximate, max_cond):
             if k.startswith(p) and '.ln_' in k:
                 out[k] = sd[k]
     out['transformer.wte.weight'] = sd['transformer.wte.weight'] @ bases[0]
-    out['transformer.wpe.weight'] = sd['transformer.wpe.weight'] @ bases[0]
+    if 'transformer.wpe.weight' in sd:  # RoPE models have no position table
+        out['transformer.wpe.weight'] = sd['transformer.wpe.weight'] @ bases[0]
     out['lm_head.weight'] = sd['lm_head.weight'] @ torch.linalg.inv(final).T  # logits = h W^T
     for k in sd:
         if k.startswith('transformer.ln_f.'):
@@ -149,6 +151,10 @@ def convert(c):
                         "of basis away from the identity; convert a standard model")
     if cfg.key_identity or cfg.value_identity:
         raise UserError("the checkpoint already has an identity attention weight: convert a standard model")
+    if cfg.qk_norm:
+        raise UserError("the checkpoint has qk_norm: it normalises each head's x W_Q, and with W_Q = I it "
+                        "would normalise raw slices of the residual stream instead, a different function "
+                        "that no change of basis reaches; convert a model trained without qk_norm")
     reason = exactness(cfg)
     if reason and not c['approximate']:
         raise UserError(f"refusing: the conversion would not be exact because {reason}. "

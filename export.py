@@ -39,6 +39,10 @@ def refusal(cfg, tokenizer):
         return "it uses the paper's theoretical block (no LayerNorm or no MLP skip); GPT-2's block has both"
     if cfg.share_layers:
         return "its layers share one block's weights; GPT-2 stores every layer's own"
+    if cfg.pos != 'learned':
+        return f"its positions are '{cfg.pos}' (rotary); GPT-2 has a learned position table only"
+    if cfg.qk_norm:
+        return "it normalises q and k per head (qk_norm); GPT-2's attention has no such norm"
     if tokenizer != 'gpt2':
         return f"its tokenizer is '{tokenizer}', which has no GPT-2 tokenizer to ship with it (train on --tokenizer=gpt2 data)"
     return None

@@ -53,6 +53,9 @@ class GPTConfig:
     value_identity: bool = False  # W_V = I
     attn_scale: Optional[float] = None  # None: 1/sqrt(hd), halved when Q or K is I
     n_kv_head: Optional[int] = None  # None: n_head; fewer is grouped-query attention
+    pos: str = 'learned'  # 'learned' (GPT-2's wpe table) or 'rope' (rotary q and k, no wpe)
+    rope_base: float = 10000.0  # RoPE: the wavelength base of its frequencies
+    qk_norm: bool = False  # RMSNorm (learned gain) of q and k per head, before RoPE
     # model: the paper's theoretical settings (section 4), off by default
     norm: bool = True  # False: no LayerNorm anywhere (where the theorems are exact)
     mlp_residual: bool = True  # False: the skip connection surrounds only the attention
@@ -104,6 +107,11 @@ class GPTConfig:
             raise ValueError(f"init_std must be positive, got {self.init_std}")
         if self.attn_scale is not None and not self.attn_scale > 0:
             raise ValueError(f"attn_scale must be positive, got {self.attn_scale}")
+        if self.pos not in ('learned', 'rope'):
+            raise ValueError(f"pos must be 'learned' or 'rope', got {self.pos!r}")
+        if self.pos == 'rope' and (self.head_dim % 2 or not self.rope_base > 0):
+            raise ValueError(f"pos='rope' needs an even head size and rope_base > 0, got head size "
+                             f"{self.head_dim} and rope_base {self.rope_base}")
 
     @classmethod
     def from_dict(cls, args):
@@ -204,6 +212,26 @@ def attend(q, k, v, mask, causal, scale, dropout_p=0.0, path=None):
     return F.dropout(probs, dropout_p) @ v if dropout_p > 0 else probs @ v
 
 
+def rope_tables(positions, head_dim, base):
+    """(cos, sin), each (T, head_dim), of rotary embeddings at the given positions: dimension
+    pair (i, i + head_dim/2) turns by the angle position * base^(-2i/head_dim). Made from the
+    positions each forward, so there is no table to outgrow and no buffer in the state dict."""
+    # in float64: a float32 angle at position 10^4 is off by ~10^-3 rad
+    freqs = base ** (-torch.arange(0, head_dim, 2, device=positions.device).double() / head_dim)
+    angles = positions.double()[:, None] * freqs[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x, rope):
+    """x (B, heads, T, head_dim) rotated by rope = (cos, sin): the dot product of a rotated q at
+    position m and a rotated k at position n depends on m - n only."""
+    cos, sin = rope
+    half = x.size(-1) // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos.to(x.dtype) + turned * sin.to(x.dtype))
+
+
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
@@ -220,6 +248,11 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(C, self.q_dim + self.k_dim + self.v_dim, bias=config.bias)
         self.q_mlp = QueryMLP(config) if config.query == 'nonlinear' else None
         self.c_proj = nn.Linear(C, C, bias=config.bias)
+        # QK-norm: each head's q and k to RMS 1 (one learned gain per dimension, shared by the
+        # heads), so the logits start at std scale * sqrt(hd) whatever the stream's size; the
+        # gains let them grow. The scale stays config.scale (halved when Q or K is I).
+        self.q_norm = nn.RMSNorm(hd) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(hd) if config.qk_norm else None
         self.scale = config.scale
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -236,8 +269,9 @@ class CausalSelfAttention(nn.Module):
             return x + F.gelu(xq)
         return self.query_mix * (x + self.q_mlp(x))
 
-    def qkv(self, x):
-        """Heads of q (B, nh, T, hd), k and v (B, nkv, T, hd); an identity one is x itself."""
+    def qkv(self, x, rope=None):
+        """Heads of q (B, nh, T, hd), k and v (B, nkv, T, hd); an identity one is x itself. Then
+        QK-norm and the rotation by rope = (cos, sin) where the model has them."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([self.q_dim, self.k_dim, self.v_dim], dim=2)
         q = self.make_query(x, q)
@@ -246,11 +280,15 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rotate(q, rope), rotate(k, rope)
         return q, k, v
 
-    def forward(self, x, cache=None, layer=0):
+    def forward(self, x, cache=None, layer=0, rope=None):
         B, T, C = x.shape
-        q, k, v = self.qkv(x)
+        q, k, v = self.qkv(x, rope)  # under RoPE the cache holds k rotated at its own position
         mask, causal = None, True
         if cache is not None:
             p = cache.pos
@@ -293,8 +331,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.mlp_residual = config.mlp_residual
 
-    def forward(self, x, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), cache, layer)
+    def forward(self, x, cache=None, layer=0, rope=None):
+        x = x + self.attn(self.ln_1(x), cache, layer, rope)
         m = self.mlp(self.ln_2(x))
         return x + m if self.mlp_residual else m
 
@@ -307,7 +345,8 @@ class GPT(nn.Module):
         n_blocks = 1 if config.share_layers else config.n_layer
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            **({'wpe': nn.Embedding(config.block_size, config.n_embd)} if config.pos == 'learned'
+               else {}),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(n_blocks)]),
             ln_f=make_norm(config),
@@ -356,16 +395,18 @@ class GPT(nn.Module):
         h = self.transformer.h
         return [h[0] if self.config.share_layers else h[i] for i in range(self.config.n_layer)]
 
-    def forward(self, idx, targets=None, cache=None):
+    def forward(self, idx, targets=None, cache=None, offset=0):
+        """Logits (and the loss with targets) of idx (B, T) at positions offset.. (or after the
+        cache's); offset is for probing RoPE, whose logits do not depend on it."""
         B, T = idx.shape
-        start = cache.pos if cache is not None else 0
+        start = cache.pos if cache is not None else offset
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of length {start + T} is longer than block_size "
                              f"{self.config.block_size}")
-        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x, rope = self.embed(idx, start)
+        x = self.transformer.drop(x)
         for layer, block in enumerate(self.blocks()):
-            x = block(x, cache, layer)
+            x = block(x, cache, layer, rope)
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.pos += T
@@ -408,10 +449,10 @@ class GPT(nn.Module):
     # -------------------------------------------------------------------------
     # diagnostics: what the paper's two adjustments (halved scale, lower weight decay) act on
 
-    def attention_probs(self, block, x):
+    def attention_probs(self, block, x, rope=None):
         """(probabilities (B, n_head, T, T), scores, q, k) of block's attention on its input x."""
         attn, T = block.attn, x.size(1)
-        q, k, _ = attn.qkv(block.ln_1(x))
+        q, k, _ = attn.qkv(block.ln_1(x), rope)
         dtype = torch.promote_types(q.dtype, torch.float32)  # at least fp32, float64 stays float64
         q, k = q.to(dtype), k.to(dtype).repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
@@ -420,9 +461,13 @@ class GPT(nn.Module):
             probs = torch.softmax(scores.masked_fill(~causal, float('-inf')), dim=-1)
         return probs, scores, q, k
 
-    def embed(self, idx):
-        pos = torch.arange(idx.size(1), device=idx.device)
-        return self.transformer.wte(idx) + self.transformer.wpe(pos)
+    def embed(self, idx, start=0):
+        """(the token embeddings plus learned positions, RoPE's (cos, sin) or None)."""
+        pos = torch.arange(start, start + idx.size(1), dtype=torch.long, device=idx.device)
+        if self.config.pos == 'rope':
+            return self.transformer.wte(idx), rope_tables(pos, self.config.head_dim,
+                                                          self.config.rope_base)
+        return self.transformer.wte(idx) + self.transformer.wpe(pos), None
 
     @torch.no_grad()
     def diagnostics(self, idx):
@@ -432,12 +477,12 @@ class GPT(nn.Module):
         q and k. Then the Frobenius norm of each weight group. It walks the blocks itself, so the
         training path is untouched; it materialises (B, n_head, T, T) scores: keep B small."""
         T = idx.size(1)
-        x = self.embed(idx)
+        x, rope = self.embed(idx)
         causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
         max_entropy = torch.arange(1, T + 1, device=idx.device, dtype=torch.float32).log()
         out = dict(logit_std=[], entropy=[], entropy_norm=[], q_rms=[], k_rms=[])
         for block in self.blocks():
-            probs, scores, q, k = self.attention_probs(block, x)
+            probs, scores, q, k = self.attention_probs(block, x, rope)
             # (B, nh, T); a masked p = 0 adds 0
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
             out['logit_std'].append(scores[..., causal].std().item())
@@ -445,7 +490,7 @@ class GPT(nn.Module):
             out['entropy_norm'].append((entropy[..., 1:] / max_entropy[1:]).mean().item())
             out['q_rms'].append(q.pow(2).mean().sqrt().item())
             out['k_rms'].append(k.pow(2).mean().sqrt().item())
-            x = block(x)
+            x = block(x, rope=rope)
         out['weight_norm'] = self.weight_norms()
         return out
 
@@ -457,12 +502,12 @@ class GPT(nn.Module):
         And repeat_loss, the mean loss on the second copy's targets, which such heads make
         predictable. Small models form these heads in one sudden drop of the loss."""
         P = idx.size(1) // 2
-        x, scores = self.embed(idx), []
+        (x, rope), scores = self.embed(idx), []
         rows = torch.arange(P, 2 * P, device=idx.device)
         for block in self.blocks():
-            probs = self.attention_probs(block, x)[0]
+            probs = self.attention_probs(block, x, rope)[0]
             scores.append(probs[:, :, rows, rows - P + 1].mean(dim=(0, 2)).tolist())
-            x = block(x)
+            x = block(x, rope=rope)
         logits = self.lm_head(self.transformer.ln_f(x))[:, P:-1]
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx[:, P + 1:].reshape(-1))
@@ -485,9 +530,11 @@ class GPT(nn.Module):
                         use_cache=True, generator=None, eos_token=None):
         """Yield the next tokens (B, 1) one step at a time; temperature 0 is greedy. With
         eos_token it stops once every row has produced it (that step is yielded). With the
-        cache the prompt is prefilled once and each step feeds one token. Absolute position
-        embeddings cannot be shifted, so once the context reaches block_size the cache is
-        rebuilt from the last block_size tokens each step: what the uncached path computes.
+        cache the prompt is prefilled once and each step feeds one token. Once the context
+        reaches block_size the cache is rebuilt from the last block_size tokens each step, what
+        the uncached path computes: learned positions have no embedding past block_size, and
+        the cache holds block_size positions. Under RoPE the window's positions restart at 0,
+        which changes no logit: they depend on relative positions only.
         The cache takes the autocast dtype when one is active, so bf16 K/V are stored as bf16."""
         block = self.config.block_size
         cache = None

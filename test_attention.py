@@ -150,3 +150,91 @@ def test_diagnostics_and_probe_stay_finite_and_close_under_16_bit_autocast(dtype
         low, low_probe = model.diagnostics(idx), model.induction(idx)
     assert low['entropy'] == pytest.approx(full['entropy'], rel=1e-2)  # 16-bit probabilities gave NaN here
     assert low_probe['repeat_loss'] == pytest.approx(probe['repeat_loss'], rel=1e-2)
+
+
+# -----------------------------------------------------------------------------
+# the modern block: rotary positions and QK-norm
+
+def test_rope_attention_equals_a_float64_reference():
+    """One layer's attention with pos='rope' against numpy: q and k turned pair by pair, dimension i
+    with i + hd/2 by the angle position * base^(-2i/hd), then causal softmax attention."""
+    cfg = GPTConfig(n_embd=16, n_head=2, block_size=16, pos='rope', rope_base=100.0)
+    torch.manual_seed(3)
+    attn = M.CausalSelfAttention(cfg).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    positions = torch.arange(4, 13)  # anywhere in the sequence
+    out = attn(x, rope=M.rope_tables(positions, 8, 100.0))
+    W = attn.c_attn.weight.detach().numpy()
+    q, k, v = (x.numpy() @ W[i * 16:(i + 1) * 16].T for i in range(3))
+    heads = []
+    for h in range(2):
+        qh, kh, vh = (t[:, :, 8 * h:8 * h + 8] for t in (q, k, v))
+        angle = positions.numpy()[:, None] * 100.0 ** (-np.arange(4) / 4)[None, :]  # (T, hd/2)
+        turn = lambda t: np.concatenate([t[..., :4] * np.cos(angle) - t[..., 4:] * np.sin(angle),
+                                         t[..., 4:] * np.cos(angle) + t[..., :4] * np.sin(angle)], -1)
+        s = turn(qh) @ turn(kh).transpose(0, 2, 1) / np.sqrt(8)
+        s = np.where(np.tril(np.ones((9, 9), bool)), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        heads.append((p / p.sum(-1, keepdims=True)) @ vh)
+    expected = np.concatenate(heads, -1) @ attn.c_proj.weight.detach().numpy().T
+    torch.testing.assert_close(out, torch.from_numpy(expected), rtol=1e-10, atol=1e-12)
+
+
+MODERN = [dict(pos='rope'), dict(pos='rope', qk_norm=True), dict(qk_norm=True),
+          dict(pos='rope', qk_norm=True, query='identity'), dict(pos='rope', qk_norm=True, query='nonlinear'),
+          dict(pos='rope', qk_norm=True, query='residual_gelu'), dict(pos='rope', key_identity=True),
+          dict(pos='rope', qk_norm=True, value_identity=True), dict(pos='rope', qk_norm=True, n_kv_head=1)]
+
+
+@pytest.mark.parametrize('kw', MODERN, ids=lambda kw: ','.join(f'{k}={v}' for k, v in kw.items()))
+def test_cached_decoding_equals_recomputation_with_the_modern_block(kw):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=24, vocab_size=64, **kw),
+                verbose=False).double().eval()
+    idx = torch.randint(0, 64, (2, 24))
+    full, _ = model(idx, idx)
+    cache = KVCache(model.config, 2, dtype=torch.float64)
+    model(idx[:, :10], cache=cache)  # a prefill, then one token at a time up to block_size
+    steps = [model(idx[:, t:t + 1], cache=cache)[0][:, -1] for t in range(10, 24)]
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 10:], rtol=1e-10, atol=1e-10)
+    logits, loss = GPT(model.config, verbose=False)(idx, idx)  # trains in float32 too
+    loss.backward()
+
+
+def test_under_rope_a_shift_of_every_position_leaves_the_logits_unchanged():
+    for pos, same in (('rope', True), ('learned', False)):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64, pos=pos, qk_norm=True),
+                    verbose=False).double()
+        idx = torch.randint(0, 64, (2, 20))
+        at0, at9 = model(idx, idx)[0], model(idx, idx, offset=9)[0]
+        assert torch.allclose(at0, at9, rtol=0, atol=1e-12) == same, pos
+
+
+def test_generation_past_block_size_matches_recomputation_under_rope():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64, pos='rope'),
+                verbose=False).double().eval()
+    prompt = torch.randint(0, 64, (1, 5))
+    cached = model.generate(prompt, 12, temperature=0.0)  # past block_size: the window slides
+    assert torch.equal(cached, model.generate(prompt, 12, temperature=0.0, use_cache=False))
+
+
+def test_modern_block_parameter_counts_are_exact():
+    gpt2 = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304)
+    with torch.device('meta'):
+        count = lambda **kw: GPT(GPTConfig(**gpt2, **kw), verbose=False).get_num_params()
+        assert count(query='identity', pos='rope') == 117_295_872 - 1024 * 768  # no position table
+        assert count(query='identity', pos='rope', qk_norm=True) == 117_295_872 - 1024 * 768 + 12 * 2 * 64
+        assert count(pos='rope') == 124_373_760 - 1024 * 768
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, pos='rope', qk_norm=True),
+                verbose=False)
+    assert 'transformer.wpe.weight' not in model.state_dict()
+    assert model.param_breakdown()['attention'] == 2 * (3 * 32 * 32 + 32 * 32 + 2 * 16)
+
+
+@pytest.mark.parametrize('kw,message', [(dict(pos='alibi'), "pos must be 'learned' or 'rope'"),
+                                        (dict(pos='rope', n_embd=30, n_head=2), 'even head size')])
+def test_bad_position_settings_fail_clearly(kw, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**kw)

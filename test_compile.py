@@ -1,6 +1,6 @@
 """The compiled paths, checked without a GPU: torch.compile on the eager backend traces exactly what
 inductor would (dynamo's graph capture), so fullgraph=True fails on any graph break, and the
-compile counter shows recompilations. Every query mode, GQA and W_K = I; seconds each."""
+compile counter shows recompilations. Every query mode, GQA, W_K = I, RoPE and QK-norm."""
 import pytest
 import torch
 import torch._dynamo
@@ -12,6 +12,8 @@ MODES = {
     'linear': dict(), 'identity': dict(query='identity'), 'residual': dict(query='residual'),
     'residual_gelu': dict(query='residual_gelu'), 'nonlinear': dict(query='nonlinear'),
     'gqa': dict(query='identity', n_head=4, n_kv_head=2), 'key_identity': dict(key_identity=True),
+    'rope': dict(pos='rope'), 'modern_identity': dict(query='identity', pos='rope', qk_norm=True),
+    'modern_gqa': dict(pos='rope', qk_norm=True, n_head=4, n_kv_head=2),
 }
 
 

@@ -23,6 +23,9 @@ EXACT = {  # the paper's settings where W_Q elimination is exact (section 4)
     'shared_layers': dict(n_layer=3, norm=False, share_layers=True),  # theorem 4.3
     'shared_attention_only_skips': dict(n_layer=3, norm=False, share_layers=True, mlp_residual=False),
     'biases': dict(n_layer=2, norm=False, mlp_residual=False, bias=True),
+    # RoPE turns q and k after their projections: the change of basis before them stays exact
+    'rope_single_layer': dict(n_layer=1, norm=False, pos='rope'),
+    'rope_attention_only_skips': dict(n_layer=3, norm=False, mlp_residual=False, pos='rope'),
 }
 
 
@@ -48,7 +51,8 @@ def test_exact_settings_convert_to_identical_logits(data_root, tmp_path, name):
         save_checkpoint(ckpt, os.path.join(src_dir, 'ckpt.pt'))
     res = run_convert(src_dir, tmp_path / 'dst', data_root=data_root)
     assert res['exact'] and res['check'].startswith('held-out tokens')
-    assert res['max_logit_diff_float64'] < 1e-9 and res['max_logit_diff_float32'] < 1e-4
+    assert res['max_logit_diff_float64'] < (1e-12 if 'rope' in name else 1e-9)
+    assert res['max_logit_diff_float32'] < 1e-4
     assert abs(res['loss_before'] - res['loss_after']) < 1e-5
     n_blocks = 1 if EXACT[name].get('share_layers') else EXACT[name]['n_layer']
     saved = (32 * 32 + (32 if EXACT[name].get('bias') else 0)) * n_blocks
@@ -156,3 +160,10 @@ def test_nanogpt_checkpoint_loads_as_a_baseline(tmp_path):
     texts = sample.sample(dict(sample.DEFAULTS, out_dir=str(tmp_path / 'run'), num_samples=1, max_new_tokens=4,
                                device='cpu', start='Hi'))
     assert len(texts) == 1
+
+
+def test_a_qk_norm_model_is_refused_in_one_line(data_root, tmp_path):
+    src_dir = trained(data_root, tmp_path / 'src', n_layer=1, norm=False, pos='rope', qk_norm=True)
+    with pytest.raises(UserError, match="qk_norm: it normalises each head's x W_Q, and with W_Q = I"):
+        run_convert(src_dir, tmp_path / 'dst', data_root=data_root)
+    assert not (tmp_path / 'dst').exists()

@@ -85,6 +85,20 @@ def test_models_gpt2_cannot_hold_are_refused_in_one_line(runs, tmp_path):
         "GPT-2's attention has a linear query only"]
     assert not (tmp_path / 'x').exists()
     for kw, words in [(dict(n_kv_head=1), 'grouped-query'), (dict(norm=False), 'theoretical block'),
-                      (dict(share_layers=True), 'share one block')]:
+                      (dict(share_layers=True), 'share one block'), (dict(pos='rope'), "'rope' (rotary)"),
+                      (dict(qk_norm=True), 'normalises q and k per head')]:
         assert words in export.refusal(nonlinear.config.__class__(n_head=2, n_embd=32, **kw), 'gpt2')
     assert 'no GPT-2 tokenizer' in export.refusal(nonlinear.config.__class__(), 'byte')
+
+
+@pytest.mark.parametrize('modern', [dict(pos='rope'), dict(qk_norm=True)])
+def test_rope_and_qk_norm_checkpoints_are_refused_and_nothing_is_written(runs, tmp_path, modern):
+    ckpt = load_checkpoint(os.path.join(runs['baseline'], 'ckpt.pt'))
+    cfg = GPT.from_checkpoint(ckpt, verbose=False).config.__class__(
+        n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=50304, **modern)
+    model = GPT(cfg, verbose=False)
+    os.makedirs(tmp_path / 'm')
+    torch.save(dict(model=model.state_dict(), model_args=cfg.__dict__, meta=ckpt['meta']), tmp_path / 'm' / 'ckpt.pt')
+    with pytest.raises(export.UserError, match="cannot export .* to GPT-2's format"):
+        export.export(dict(export.DEFAULTS, in_dir=str(tmp_path / 'm'), out_dir=str(tmp_path / 'x')))
+    assert not (tmp_path / 'x').exists()
