@@ -65,12 +65,14 @@ class Run:
     lr: float
     wd: float
     seed: int
-    budget: float = 1.0  # a fraction of the base run's steps, with the same schedule shape
-    init_std: float = None  # None: the model's default (0.02)
+    budget: float = 1.0  # a multiple of the base run's steps, with the same schedule shape
+    init_std: float = None  # None: the base's (v2: the model's default, 0.02)
+    dtype: str = None  # None: the base's (float32 in every design here)
 
     @property
     def name(self):
-        extra = (f"_b{self.budget:g}" if self.budget != 1 else "") + (f"_std{self.init_std:g}" if self.init_std else "")
+        extra = (f"_b{self.budget:g}" if self.budget != 1 else "") + \
+            (f"_std{self.init_std:g}" if self.init_std else "") + (f"_{self.dtype}" if self.dtype else "")
         return f"{self.arm}_lr{self.lr:g}_wd{self.wd:g}_s{self.seed}{extra}"
 
 

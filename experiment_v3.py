@@ -11,7 +11,6 @@ them, and the baseline in bf16 autocast on 4 of them (the dtype check).
 """
 import math
 import os
-from dataclasses import dataclass
 
 import experiment as E
 import report
@@ -30,24 +29,10 @@ SECONDARY_SEEDS = TEST_SEEDS[:10]
 LR_GRID, LR_STEP = (2e-3, 2.83e-3, 4e-3, 5.66e-3), 2 ** 0.5
 LONG_BUDGET, LONG_SEEDS = 2.0, TEST_SEEDS[:4]
 DTYPE_ARM, DTYPE_SEEDS = 'baseline', TEST_SEEDS[:4]
-MARGIN = 0.3  # % of loss: "matches" is within it, by two one-sided tests
+MARGIN = E.MARGIN  # % of loss: "matches" is within it, by two one-sided tests
 SPIKE_TRAIN = 0.20  # a log step's train loss this far above its running minimum is a spike
 # (the batches alone moved it up to 19% in v2's 79 runs: pydocs' documents differ in difficulty)
-
-
-@dataclass(frozen=True)
-class Run:
-    arm: str
-    lr: float
-    wd: float
-    seed: int
-    budget: float = 1.0  # a multiple of the base run's steps, with the same schedule shape
-    dtype: str = None  # None: the base's float32
-
-    @property
-    def name(self):
-        return (f"{self.arm}_lr{self.lr:g}_wd{self.wd:g}_s{self.seed}" +
-                (f"_b{self.budget:g}" if self.budget != 1 else "") + (f"_{self.dtype}" if self.dtype else ""))
+Run = E.Run  # (arm, lr, wd, seed, budget, init_std, dtype): v3 sets the geometry in BASE instead
 
 
 def seed_losses(arm, lr, results):
