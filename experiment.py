@@ -404,9 +404,32 @@ def write_figures(root, folder):
     figures(root, results, plan(results)[0], folder)
 
 
+PILOT = 'modern_pilot'  # <root>/modern_pilot/<arm>[_modern]_s<seed>/: the modern block's pilot
+
+
+def pilot_block(root):
+    """The modern block's pilot (docs/experiments.md): final full val loss of baseline and reduced,
+    with and without config/modern.py, per seed, and modern − plain per seed."""
+    folder = os.path.join(root, PILOT)
+    runs = {n: final_loss(os.path.join(folder, n)) for n in sorted(os.listdir(folder))} \
+        if os.path.isdir(folder) else {}
+    seeds = sorted({int(n.rsplit('_s', 1)[1]) for n in runs})
+    if not runs:
+        return "Not yet: no pilot run is committed.\n"
+    rows = ["| arm | seed | learned positions | RoPE + QK-norm | modern − plain |", "|---|---|---|---|---|"]
+    fmt = lambda x: '-' if x is None else f"{x:.4f}"
+    for arm in ('baseline', 'reduced'):
+        for s in seeds:
+            plain, modern = runs.get(f'{arm}_s{s}'), runs.get(f'{arm}_modern_s{s}')
+            both = plain is not None and modern is not None
+            diff = pct(100 * (modern - plain) / plain) if both else '-'
+            rows.append(f"| {arm} | {s} | {fmt(plain)} | {fmt(modern)} | {diff} |")
+    return '\n'.join(rows) + '\n'
+
+
 def all_blocks(root):
-    """The generated blocks of every design, by their (distinct) names."""
-    made = {}
+    """The generated blocks of every design, by their (distinct) names, and the pilot's."""
+    made = {'modern_pilot': pilot_block(root)}
     for d in designs().values():
         made.update(d.blocks(root))
     return made

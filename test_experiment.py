@@ -295,3 +295,16 @@ def test_a_reader_that_stops_early_is_not_an_error():
                        stderr=subprocess.PIPE, text=True, timeout=120)
     os.close(write)
     assert (r.returncode, r.stderr) == (141, '')
+
+
+def test_pilot_block_pairs_each_arm_with_its_modern_block(tmp_path):
+    root = tmp_path / 'experiments'
+    assert E.pilot_block(str(root)) == "Not yet: no pilot run is committed.\n"
+    for name, loss in (('baseline_s1', 2.0), ('baseline_modern_s1', 1.98), ('reduced_s1', 2.1),
+                       ('reduced_modern_s1', 2.121)):
+        folder = root / E.PILOT / name
+        folder.mkdir(parents=True)
+        (folder / 'config.json').write_text(json.dumps(dict(max_iters=600)))
+        (folder / 'log.jsonl').write_text(json.dumps(dict(iter=600, val_loss=loss, val_loss_full=loss)) + '\n')
+    rows = E.pilot_block(str(root)).splitlines()
+    assert rows[2:] == ['| baseline | 1 | 2.0000 | 1.9800 | -1.00% |', '| reduced | 1 | 2.1000 | 2.1210 | +1.00% |']

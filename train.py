@@ -182,7 +182,7 @@ def open_data(c, master, ddp):
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not os.path.exists(meta_path):
                     print(f"no prepared {c['dataset']} in {c['data_root']}/: preparing the "
-                          "embedded corpus first (offline)")
+                          "embedded corpus first (offline, ~10 s)")
                     prepare.prepare(dict(prepare.DEFAULTS, dataset=c['dataset'],
                                          data_root=c['data_root'], progress=False))
         if ddp:
