@@ -133,21 +133,20 @@ def setup_distributed(c):
 def restart_store(world):
     """The store for the process group's handshake, or None for torchrun's own. torchrun's agent
     keeps one store for all restarts, so a restarted round's gloo or NCCL handshake can read the
-    previous round's addresses and fail with 'Connection refused' (pytorch/pytorch#135712). On one
-    node every worker's restart count agrees, so each round gets keys of its own. Across nodes the
-    counts can differ (pytorch/pytorch#108158): there, torchrun itself must be told to use a fresh
-    store."""
+    previous round's addresses and fail with 'Connection refused' (pytorch/pytorch#135712): each
+    round gets keys of its own. On one node every worker's restart count names the round. Across
+    nodes the agents' counts can differ (pytorch/pytorch#108158), so there the round is counted in
+    the store itself: every rank of a round adds 1 to one key as it starts, so the first round's
+    ranks read 1..world, the next round's world+1..2 world, and so on, on every node alike."""
     if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True':
-        return None
-    if os.environ.get('GROUP_WORLD_SIZE', '1') != '1':
-        restarts = os.environ.get('TORCHELASTIC_MAX_RESTARTS', '0') != '0'
-        if os.environ.get('RANK') == '0' and restarts:
-            print("warning: restarts across nodes may fail to reconnect; launch with "
-                  "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 so each restart gets a fresh store")
-        return None
+        return None  # torchrun's store is fresh for every round (or there is no torchrun)
     store = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world,
                           is_master=False)
-    return dist.PrefixStore(f"kvgpt/restart_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    if os.environ.get('GROUP_WORLD_SIZE', '1') == '1':
+        generation = os.environ['TORCHELASTIC_RESTART_COUNT']
+    else:
+        generation = (store.add('kvgpt/ranks_started', 1) - 1) // world
+    return dist.PrefixStore(f"kvgpt/restart_{generation}", store)
 
 
 def lock_out_dir(out_dir):
