@@ -4,6 +4,7 @@ Measure speed, side by side, in one process:
     python bench.py                                   # train steps: baseline vs reduced vs reduced_mlp
     python bench.py --n_layer=4 --n_embd=256 --block_size=256 --batch_size=8
     python bench.py --variants=baseline,reduced,baseline+modern,reduced+modern   # '+' stacks a config
+    python bench.py --dtype=bfloat16 --attention=sdpa,auto   # before and after the attention choice
     python bench.py --mode=sample --variants=reduced  # KV cache vs full recomputation, 500 new tokens
     python bench.py --mode=prepare --tokenizer=gpt2   # prepare.py tokens/s vs the tokenizer alone
     python bench.py --mode=runs                       # experiment v3's runs per hour, fp32 vs bf16, jobs
@@ -54,6 +55,7 @@ DEFAULTS = dict(
     json_out=None,  # train/sample modes: also append the results as JSON lines here; summary mode: the folder
     run_dir=None,  # summary mode: a train.py run to summarise too
     eval_interval=250,  # diagnostics mode: steps between evaluations (config/demo.py's)
+    attention='auto',  # train mode: attention paths compared, of auto (model.attention_path), sdpa, explicit
     dtypes='float32,bfloat16',  # runs mode: the dtypes compared
     layouts='1x2,2x1',  # runs mode: jobs x threads per job, side by side
     run_steps=100,  # runs mode: steps of each short run (the full run is projected from its parts)
@@ -110,12 +112,17 @@ def bench_train(c, dev):
     """Train steps of every variant, alternated step by step, then the medians."""
     x, y = batches(c, dev.device)
     runs = []
+    paths = c['attention'].split(',')
+    if not set(paths) <= {'auto', 'sdpa', 'explicit'}:
+        raise UserError(f"attention takes auto, sdpa and explicit, got {c['attention']!r}")
     for name in c['variants'].split(','):
-        torch.manual_seed(c['seed'])
-        model = GPT(variant_config(name, c), verbose=False).to(dev.device)
-        opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), dev.type)
-        runs.append(dict(name=name, model=model, opt=opt, fn=torch.compile(model) if dev.compile else model,
-                         times=[], peak=0))
+        for path in paths:
+            torch.manual_seed(c['seed'])
+            model = GPT(variant_config(name, c), verbose=False).to(dev.device)
+            opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), dev.type)
+            label = name if paths == ['auto'] else f"{name} [{path}]"
+            runs.append(dict(name=label, model=model, opt=opt, path=path, times=[], peak=0,
+                             fn=torch.compile(model) if dev.compile else model))
     for r in runs:
         for _ in range(c['warmup']):
             train_step(r, x, y, dev)
@@ -143,11 +150,24 @@ def bench_train(c, dev):
 
 
 def train_step(r, x, y, dev):
-    with dev.ctx:
+    with dev.ctx, attention_forced(r['path']):
         _, loss = r['fn'](x, y)
     loss.backward()
     r['opt'].step()
     r['opt'].zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def attention_forced(path):
+    """model.attention_path answering path for the duration ('auto': its own choice)."""
+    import model
+    chosen = model.attention_path
+    if path != 'auto':
+        model.attention_path = lambda x: path
+    try:
+        yield
+    finally:
+        model.attention_path = chosen
 
 
 def timed_step(r, x, y, dev):

@@ -194,3 +194,17 @@ def test_bench_runs_times_the_experiments_own_command_per_dtype_and_layout(data_
         assert r['step_ms'] > 0 and r['eval_final_s'] > 0 and r['startup_s'] > 0
         assert r['runs_per_hour'] == pytest.approx(r['jobs'] * 3600 / r['full_run_s'])
     assert 'runs/hour' in capsys.readouterr().out
+
+
+def test_bench_train_times_each_attention_path_side_by_side(monkeypatch):
+    import model
+    seen = []
+    real = model.attend
+    monkeypatch.setattr(model, 'attend', lambda *a, **kw: seen.append(model.attention_path(a[0])) or real(*a, **kw))
+    results = bench.main(TINY + ['--steps=1', '--warmup=1', '--variants=reduced', '--dtype=bfloat16',
+                                 '--attention=sdpa,auto'])
+    assert [r['variant'] for r in results] == ['reduced [sdpa]', 'reduced [auto]']
+    assert {'sdpa', 'explicit'} == set(seen)  # bf16 on a CPU: auto takes the explicit path
+    assert model.attention_path.__name__ == 'attention_path'  # restored
+    with pytest.raises(UserError, match='attention takes auto, sdpa and explicit'):
+        bench.main(TINY + ['--attention=flash'])
