@@ -21,6 +21,7 @@ import fcntl
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -497,24 +498,46 @@ def finish(run, proc, work, out, root, d):
 
 def run_all(c, d):
     """Start runs as slots free up, re-planning after each one (a finished tuning run can name the
-    next); a run that stops without finishing is not retried in this invocation."""
-    base, running, stopped = d.base_config(), {}, set()
-    while True:
-        todo, _, waiting, _ = pending(c['root'], d)
-        todo = [r for r in todo if r not in running and r not in stopped]
-        while todo and len(running) < c['jobs']:
-            run = todo.pop(0)
-            running[run] = start(run, c, base, d)
-        if not running:
-            print("nothing left to run" if not waiting and not stopped else
-                  f"stopped: {len(stopped)} run(s) did not finish; run again to resume them")
-            return
-        time.sleep(2)
-        for run, (proc, work, out) in list(running.items()):
-            if proc.poll() is not None:
-                del running[run]
-                if finish(run, proc, work, out, c['root'], d) is None:
-                    stopped.add(run)
+    next); a run that stops without finishing is not retried in this invocation. SIGTERM or SIGINT
+    stops the runner cleanly: each running train.py gets SIGTERM, saves its checkpoint and exits,
+    and the next `python experiment.py` resumes it."""
+    base, running, stopped, signals = d.base_config(), {}, set(), []
+    handlers = {s: signal.signal(s, lambda signum, frame: signals.append(signum))
+                for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            todo, _, waiting, _ = pending(c['root'], d)
+            todo = [r for r in todo if r not in running and r not in stopped]
+            while todo and len(running) < c['jobs'] and not signals:
+                run = todo.pop(0)
+                running[run] = start(run, c, base, d)
+            if signals:
+                return stop_runs(running, c, d)
+            if not running:
+                print("nothing left to run" if not waiting and not stopped else
+                      f"stopped: {len(stopped)} run(s) did not finish; run again to resume them")
+                return
+            time.sleep(2)
+            for run, (proc, work, out) in list(running.items()):
+                if proc.poll() is not None:
+                    del running[run]
+                    if finish(run, proc, work, out, c['root'], d) is None:
+                        stopped.add(run)
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def stop_runs(running, c, d):
+    """SIGTERM to every running train.py, then wait while each saves its checkpoint and exits."""
+    for proc, _, _ in running.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for run, (proc, work, out) in running.items():
+        proc.wait()
+        finish(run, proc, work, out, c['root'], d)
+    print(f"stopped by a signal: {len(running)} run(s) saved their checkpoints; "
+          "python experiment.py resumes them")
 
 
 def status(c, d):

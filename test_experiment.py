@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -308,3 +309,32 @@ def test_pilot_block_pairs_each_arm_with_its_modern_block(tmp_path):
         (folder / 'log.jsonl').write_text(json.dumps(dict(iter=600, val_loss=loss, val_loss_full=loss)) + '\n')
     rows = E.pilot_block(str(root)).splitlines()
     assert rows[2:] == ['| baseline | 1 | 2.0000 | 1.9800 | -1.00% |', '| reduced | 1 | 2.1000 | 2.1210 | +1.00% |']
+
+
+@pytest.mark.slow
+def test_a_signal_stops_the_runner_and_its_runs_save_their_checkpoints(data_root, tmp_path, monkeypatch, capsys):
+    import threading
+    monkeypatch.chdir(HERE)
+    endless = ('--n_layer=1', '--block_size=32', '--batch_size=2', '--eval_iters=1', f'--data_root={data_root}',
+               '--dataset=tiny', '--max_iters=1000000', '--eval_interval=1000000', '--log_interval=1')
+    monkeypatch.setattr(E, 'base_config', lambda: train.settings([*E.BASE, *endless]))
+    real_command, real_start = E.command, E.start
+    monkeypatch.setattr(E, 'command', lambda run, base, work: real_command(run, base, work) + list(endless))
+    monkeypatch.setattr(E, 'ARMS', ('baseline',))
+    monkeypatch.setattr(E, 'WD_GRID', (0.1,))
+    monkeypatch.setattr(E, 'NAME', f'test-{os.getpid()}')
+
+    def start_then_signal(run, c, base, d):  # the runner's handlers are in place once a run starts
+        started = real_start(run, c, base, d)
+        threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        return started
+    monkeypatch.setattr(E, 'start', start_then_signal)
+    root, before = str(tmp_path / 'experiments'), signal.getsignal(signal.SIGTERM)
+    E.main([f'--root={root}', f'--design={E.NAME}', f'--work_root={tmp_path}'])
+    out = capsys.readouterr().out
+    assert 'stopped by a signal: 1 run(s) saved their checkpoints' in out
+    work = tmp_path / f'out-{E.NAME}' / 'baseline_lr0.002_wd0.1_s100'
+    assert (work / 'ckpt.pt').exists() and not os.path.exists(os.path.join(root, E.NAME))  # saved, not committed
+    assert real_command(E.Run('baseline', 2e-3, 0.1, 100), train.settings([*E.BASE]), str(work))[-1] == \
+        '--init_from=resume'  # the next invocation continues it
+    assert signal.getsignal(signal.SIGTERM) is before  # the runner gave the handler back
