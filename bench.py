@@ -150,7 +150,7 @@ def bench_train(c, dev):
 
 
 def train_step(r, x, y, dev):
-    with dev.ctx, attention_forced(r['path']):
+    with dev.ctx, attention_forced(r.get('path', 'auto')):
         _, loss = r['fn'](x, y)
     loss.backward()
     r['opt'].step()

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -324,9 +325,16 @@ def test_a_signal_stops_the_runner_and_its_runs_save_their_checkpoints(data_root
     monkeypatch.setattr(E, 'WD_GRID', (0.1,))
     monkeypatch.setattr(E, 'NAME', f'test-{os.getpid()}')
 
+    def signal_once_training(work):
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(os.path.join(work, 'log.jsonl')) and
+                                              'loss' in open(os.path.join(work, 'log.jsonl')).read()):
+            time.sleep(0.1)  # train.py has set its own handlers by its first logged step
+        os.kill(os.getpid(), signal.SIGTERM)
+
     def start_then_signal(run, c, base, d):  # the runner's handlers are in place once a run starts
         started = real_start(run, c, base, d)
-        threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        threading.Thread(target=signal_once_training, args=(started[1],), daemon=True).start()
         return started
     monkeypatch.setattr(E, 'start', start_then_signal)
     root, before = str(tmp_path / 'experiments'), signal.getsignal(signal.SIGTERM)
