@@ -29,7 +29,7 @@ def write_run(root, run):
     final = final_loss(run)
     spiky = run.arm == 'reduced' and run.lr == 5.66e-3 and run.seed == 202
     log = []
-    for k in range(0, steps + 1, 10):
+    for k in range(0, steps + 1, 50):
         if k:
             log.append(dict(iter=k, loss=final + 1.0 - k / steps, grad_norm=1.0, dt_ms=150.0 if not run.dtype else 120.0))
         if k % 100 == 0:

@@ -39,6 +39,9 @@ def test_train_help_groups_its_keys():
 @pytest.mark.slow
 def test_help_from_the_command_line_exits_zero():
     """--help on every script's command line, -h on one (the same branch of common.parse_config)."""
-    for name, flag in [(name, '--help') for name in SCRIPTS] + [('train', '-h')]:
-        r = subprocess.run([sys.executable, f'{name}.py', flag], cwd=HERE, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0 and r.stderr == '' and '  --' in r.stdout, (name, flag, r.stderr[-300:])
+    calls = [(name, '--help') for name in SCRIPTS] + [('train', '-h')]
+    procs = [subprocess.Popen([sys.executable, f'{name}.py', flag], cwd=HERE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name, flag in calls]
+    for (name, flag), proc in zip(calls, procs):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and err == '' and '  --' in out, (name, flag, err[-300:])
