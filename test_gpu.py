@@ -134,7 +134,7 @@ def test_bench_sample_warms_up_both_paths_before_timing(monkeypatch):
     assert r['max_logit_diff'] < 1e-4 and r['same_tokens']
 
 
-@pytest.mark.xdist_group('torchrun')
+@pytest.mark.long
 @pytest.mark.slow
 def test_gpu_check_dry_run_writes_its_results(tmp_path):
     env = dict(os.environ, DRY_RUN='1', OUT=str(tmp_path))

@@ -550,7 +550,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.multinode
+@pytest.mark.long
 @pytest.mark.slow
 def test_two_nodes_train_like_one_process_and_a_resume_on_one_process_continues_them(data_root, tmp_path,
                                                                                       one_thread):
@@ -578,7 +578,7 @@ def kill_one_node_and_finish(data_root, out, env):
     return finish(agents)
 
 
-@pytest.mark.multinode
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize('fresh_store', [False, True], ids=['shared_store', 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE'])
 def test_a_killed_worker_on_one_node_is_restarted_and_costs_nothing(data_root, tmp_path, fresh_store, one_thread):
