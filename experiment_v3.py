@@ -30,8 +30,9 @@ LR_GRID, LR_STEP = (2e-3, 2.83e-3, 4e-3, 5.66e-3), 2 ** 0.5
 LONG_BUDGET, LONG_SEEDS = 2.0, TEST_SEEDS[:4]
 DTYPE_ARM, DTYPE_SEEDS = 'baseline', TEST_SEEDS[:4]
 MARGIN = E.MARGIN  # % of loss: "matches" is within it, by two one-sided tests
-SPIKE_TRAIN = 0.20  # a log step's train loss this far above its running minimum is a spike
-# (the batches alone moved it up to 19% in v2's 79 runs: pydocs' documents differ in difficulty)
+# claim (iii): above the tuning grid, the stability phase climbs in sqrt(2) steps until a seed
+# diverges, at most STABILITY_STEPS times (baseline and reduced trained on every seed at its top)
+STABILITY_ARMS, STABILITY_STEPS = PRIMARY, 4
 Run = E.Run  # (arm, lr, wd, seed, budget, init_std, dtype): v3 sets the geometry in BASE instead
 
 
@@ -57,9 +58,22 @@ def tune(arm, results):
         lrs.append(nxt)
 
 
+def stability_lrs(arm, results):
+    """The LRs above the tuning grid the stability phase names so far: the next one joins once
+    every seed of the last has finished and none diverged."""
+    lrs, lr = [], max(LR_GRID)
+    while arm in STABILITY_ARMS and len(lrs) < STABILITY_STEPS:
+        lr = E.grid_value(lr * LR_STEP)
+        lrs.append(lr)
+        losses = seed_losses(arm, lr, results)
+        if losses is None or any(math.isinf(x) for x in losses):
+            break
+    return lrs
+
+
 def plan(results):
     """{phase: [runs]} the design names given the results so far, and the arms still tuning."""
-    phases = dict(tuning=[], test=[], longer=[], dtype=[])
+    phases = dict(tuning=[], test=[], longer=[], dtype=[], stability=[])
     chosen, waiting = {}, []
     for arm in ARMS:
         runs, lr = tune(arm, results)
@@ -76,6 +90,8 @@ def plan(results):
     if DTYPE_ARM in chosen:
         phases['dtype'] = [Run(DTYPE_ARM, chosen[DTYPE_ARM], WD[DTYPE_ARM], s, dtype='bfloat16')
                            for s in DTYPE_SEEDS]
+    phases['stability'] = [Run(a, lr, WD[a], s) for a in STABILITY_ARMS
+                           for lr in stability_lrs(a, results) for s in SELECTION_SEEDS]
     return phases, waiting
 
 
@@ -114,39 +130,60 @@ def log_of(root, run):
 
 
 def spikes(log, warmup):
-    """The steps, after warmup, where the run spiked by the design's definition."""
-    found, best, evals = [], math.inf, [e for e in log if 'val_loss' in e and e['iter'] > warmup]
-    for e in log:
-        if 'loss' in e and e['iter'] > warmup:
-            if not math.isfinite(e['loss']) or e['loss'] > best * (1 + SPIKE_TRAIN):
-                found.append(e['iter'])
-            best = min(best, e['loss'])
-    found += [b['iter'] for a, b in zip(evals, evals[1:]) if not b['val_loss'] <= a['val_loss']]
-    return sorted(set(found))
+    """{step: rise in %} after warmup where the run spiked by the design's (amended) definition: the
+    loss on the fixed val windows rose from one evaluation to the next, or a loss was non-finite
+    (inf). The training loss alone is not a criterion: its batches differ from step to step."""
+    found = {e['iter']: math.inf for e in log if e['iter'] > warmup and
+             not all(math.isfinite(e[k]) for k in ('loss', 'val_loss') if k in e)}
+    evals = [e for e in log if 'val_loss' in e and e['iter'] > warmup]
+    for a, b in zip(evals, evals[1:]):
+        if math.isfinite(a['val_loss']) and b['val_loss'] > a['val_loss']:
+            found.setdefault(b['iter'], 100 * (b['val_loss'] - a['val_loss']) / a['val_loss'])
+    return dict(sorted(found.items()))
+
+
+def grad_ratio(log, warmup):
+    """The largest gradient norm after warmup over its median: how far the worst step stood out."""
+    norms = sorted(e['grad_norm'] for e in log if 'grad_norm' in e and e['iter'] > warmup)
+    return norms[-1] / norms[len(norms) // 2] if norms and norms[len(norms) // 2] > 0 else None
 
 
 def run_state(root, run, results, warmup):
-    """'diverged', 'spiked at …', '' (clean) or None (not committed)."""
+    """'diverged', 'spiked at step (+rise%)…', '' (clean) or None (not committed)."""
     if run.name not in results:
         return None
     if math.isinf(results[run.name]):
         return 'diverged'
     found = spikes(log_of(root, run), warmup)
-    return f"spiked at {', '.join(map(str, found[:3]))}" if found else ''
+    return ('spiked at ' + ', '.join(f"{k} ({E.pct(v)})" for k, v in list(found.items())[:3])
+            if found else '')
 
 
-def tuning_rows(root, results):
+def lr_rows(root, results, lrs_of):
+    """A row per arm and LR in lrs_of(arm): every selection seed's loss and state."""
     warmup = base_config()['warmup_iters']
     rows = []
     for arm in ARMS:
-        runs, chosen = tune(arm, results)
-        for lr in sorted({r.lr for r in runs}):
+        chosen = tune(arm, results)[1]
+        for lr in lrs_of(arm):
             seeds = [Run(arm, lr, WD[arm], s) for s in SELECTION_SEEDS]
-            states = [run_state(root, r, results, warmup) for r in seeds]
             losses = [results.get(r.name) for r in seeds]
-            rows.append(dict(arm=arm, lr=lr, losses=losses, states=states, selected=lr == chosen,
+            rows.append(dict(arm=arm, lr=lr, losses=losses, selected=lr == chosen,
+                             states=[run_state(root, r, results, warmup) for r in seeds],
+                             grad=[grad_ratio(log_of(root, r), warmup) if r.name in results
+                                   else None for r in seeds],
                              mean=None if None in losses else sum(losses) / len(losses)))
     return rows
+
+
+def tuning_rows(root, results):
+    return lr_rows(root, results, lambda arm: sorted({r.lr for r in tune(arm, results)[0]}))
+
+
+def stability_rows(root, results):
+    """The tuning grid and the stability phase's LRs above it."""
+    return lr_rows(root, results, lambda arm: sorted(
+        {r.lr for r in tune(arm, results)[0]} | set(stability_lrs(arm, results))))
 
 
 def fmt_loss(x):
@@ -170,24 +207,42 @@ def tuning_block(root, results):
     return '\n'.join(out) + '\n'
 
 
+def stability_summary(mine):
+    """(the runs that spiked or diverged, as text; the largest LR below the first such; whether
+    none did) over an arm's rows whose seeds have all finished."""
+    bad = [r for r in mine if any(r['states'])]
+    first_bad = min((r['lr'] for r in bad), default=math.inf)
+    stable = [r['lr'] for r in mine if r['lr'] < first_bad]
+    where = '; '.join(f"{r['lr']:g}: " + ', '.join(f"{s} {st}" for s, st in
+                                                  zip(SELECTION_SEEDS, r['states']) if st)
+                      for r in bad)
+    return where or 'none', (max(stable) if stable else None), not bad
+
+
 def stability_block(root, results):
-    rows = tuning_rows(root, results)
-    out = ["| arm | weight decay | LRs run | runs spiked or diverged (LR: seeds) | largest LR with no spike |",
-           "|---|---|---|---|---|"]
+    rows = stability_rows(root, results)
+    out = ["| arm | weight decay | LRs run | runs spiked or diverged (LR: seeds) "
+           "| largest LR with no spike | largest grad norm ÷ median, per LR |",
+           "|---|---|---|---|---|---|"]
     for arm in ARMS:
         mine = [r for r in rows if r['arm'] == arm and None not in r['states']]
         if not mine:
-            out.append(f"| {arm} | {WD[arm]:g} | | not yet | |")
+            out.append(f"| {arm} | {WD[arm]:g} | | not yet | | |")
             continue
-        bad = [r for r in mine if any(r['states'])]
-        lowest_bad = min((r['lr'] for r in bad), default=math.inf)
-        stable = [r['lr'] for r in mine if r['lr'] < lowest_bad]
-        where = '; '.join(f"{r['lr']:g}: " + ', '.join(f"{s} {st}" for s, st in zip(SELECTION_SEEDS, r['states'])
-                                                     if st) for r in bad) or 'none'
-        top = f"{max(stable):g}" if stable else 'none'
-        if not bad:
-            top += " (a lower bound: no run spiked)"
-        out.append(f"| {arm} | {WD[arm]:g} | {', '.join(format(r['lr'], 'g') for r in mine)} | {where} | {top} |")
+        where, top, clean = stability_summary(mine)
+        bound = " (a lower bound: no run spiked)" if clean else ""
+        top = 'none' if top is None else f"{top:g}{bound}"
+        grads = ', '.join(f"{max(g for g in r['grad'] if g):.1f}" for r in mine if any(r['grad']))
+        out.append(f"| {arm} | {WD[arm]:g} | {', '.join(format(r['lr'], 'g') for r in mine)} "
+                   f"| {where} | {top} | {grads} |")
+    above = [r for r in rows if r['lr'] > max(LR_GRID)]
+    if above:
+        out += ["", "Above the tuning grid (the stability phase): full val loss per selection seed.",
+                "",
+                "| arm | peak LR | " + " | ".join(f"seed {s}" for s in SELECTION_SEEDS) + " |",
+                "|---|---|" + "---|" * len(SELECTION_SEEDS)]
+        out += [f"| {r['arm']} | {r['lr']:g} | " + " | ".join(map(fmt_loss, r['losses'])) + " |"
+                for r in above]
     figure = '\n![final loss against peak LR, every seed](assets/v3_stability.png)\n' if any(
         None not in r['losses'] for r in rows) else ''
     return '\n'.join(out) + '\n' + figure
@@ -363,13 +418,6 @@ def dtype_block(root, results, phases):
             f"({DTYPE_ARM}, seeds {DTYPE_SEEDS[0]}–{DTYPE_SEEDS[-1]}): {E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] (95%).\n")
 
 
-def largest_stable(rows, arm):
-    mine = [r for r in rows if r['arm'] == arm and None not in r['states']]
-    bad = min((r['lr'] for r in mine if any(r['states'])), default=math.inf)
-    stable = [r['lr'] for r in mine if r['lr'] < bad]
-    return (max(stable) if stable else None), bad == math.inf
-
-
 def claims_block(root, results, phases):
     stats = verdict_stats(results, phases)
     rows = ["| claim | tested here as | verdict | resolution |", "|---|---|---|---|"]
@@ -379,15 +427,16 @@ def claims_block(root, results, phases):
         verdict = "not yet" if stats is None else f"**{stats[i]['verdict']}** ({E.pct(stats[i]['mean'])})"
         res = "" if stats is None else f"{stats[i]['mde']:.2f}% (n = {stats[i]['n']})"
         rows.append(f"| {claim} {texts[claim]} | {arm} − {ref}, paired full val loss | {verdict} | {res} |")
-    tuning = tuning_rows(root, results)
-    stable = {arm: largest_stable(tuning, arm) for arm in ARMS}
-    if any(None in r['states'] for r in tuning) or not tuning:
+    grid = stability_rows(root, results)
+    if any(None in r['states'] for r in grid) or not grid:
         word = "not yet"
     else:
+        stable = {arm: stability_summary([r for r in grid if r['arm'] == arm])[1:] for arm in ARMS}
         word = "; ".join(f"{arm} {'none' if lr is None else f'{lr:g}'}{'+' if clean else ''}"
                          for arm, (lr, clean) in stable.items())
-    rows.insert(4, f"| (iii) it trains stably at 3× lower weight decay | the largest peak LR with no spike on "
-                   f"the tuning grid, each arm at its paper λ | descriptive: {word} | the √2 grid |")
+    rows.insert(4, "| (iii) it trains stably at 3× lower weight decay | the largest peak LR with no spike "
+                   f"on the tuning grid and above it, each arm at its paper λ | descriptive: {word} "
+                   "| the √2 grid |")
     return '\n'.join(rows) + "\n\n(iii): `+` marks an arm none of whose runs spiked: its largest LR is a lower bound.\n"
 
 
@@ -407,7 +456,7 @@ def blocks(root):
 def write_figures(root, folder):
     """Each figure once its runs are committed: stability (as the tuning goes), trajectory, induction."""
     results, phases = committed(root)
-    rows = [r for r in tuning_rows(root, results) if None not in r['losses']]
+    rows = [r for r in stability_rows(root, results) if None not in r['losses']]
     if rows:
         stability_figure(rows, os.path.join(folder, 'v3_stability.png'))
     comps = complete_trajectories(root, results, phases)

@@ -24,6 +24,11 @@ def final_loss(run):
     return base * (1 + gap / 100) * (1.0001 if run.dtype else 1)
 
 
+def diverges(run):
+    """The stability phase: reduced diverges on one seed at 1.13e-2; the baseline never does."""
+    return run.arm == 'reduced' and run.lr == 0.0113 and run.seed == 203
+
+
 def write_run(root, run):
     steps = round(1200 * run.budget)
     final = final_loss(run)
@@ -31,7 +36,9 @@ def write_run(root, run):
     log = []
     for k in range(0, steps + 1, 50):
         if k:
-            log.append(dict(iter=k, loss=final + 1.0 - k / steps, grad_norm=1.0, dt_ms=150.0 if not run.dtype else 120.0))
+            grad = 3.0 if run.lr > 5.66e-3 and k == 500 else 1.0
+            log.append(dict(iter=k, loss=final + 1.0 - k / steps, grad_norm=grad,
+                            dt_ms=150.0 if not run.dtype else 120.0))
         if k % 100 == 0:
             val = final + (1.0 + LAG[run.arm]) * (steps - k) / steps + (0.3 if spiky and k == 300 else 0.0)
             score = 0.5 if k >= ONSET[run.arm] else 0.1
@@ -45,6 +52,9 @@ def write_run(root, run):
         json.dump(dict(max_iters=steps), f)
     with open(os.path.join(folder, 'log.jsonl'), 'w') as f:
         f.write(''.join(json.dumps(e) + '\n' for e in log))
+    if diverges(run):
+        with open(os.path.join(folder, 'diverged.txt'), 'w') as f:
+            f.write('error: the loss became non-finite at step 140\n')
 
 
 def fill_experiment(root):
@@ -66,6 +76,11 @@ def test_the_design_names_its_runs_and_waits_on_tuning(tmp_path):
     phases, waiting = V.plan(E.committed_results(root, V.NAME))
     assert not waiting and len(phases['tuning']) == 48  # every optimum interior: no extension
     assert len(phases['test']) == 20 * 2 + 10 * 2 and len(phases['longer']) == 8 and len(phases['dtype']) == 4
+    above = sorted({(r.arm, r.lr) for r in phases['stability']})  # up to the first divergence
+    assert above == [('baseline', lr) for lr in (0.008, 0.0113, 0.016, 0.0226)] + \
+        [('reduced', 0.008), ('reduced', 0.0113)]
+    assert {r.seed for r in phases['stability']} == set(V.SELECTION_SEEDS)
+    assert len(phases['stability']) == 18
     assert {(r.arm, r.seed) for r in phases['test'] if r.seed > 310} == {(a, s) for a in V.PRIMARY for s in range(311, 321)}
     assert phases['longer'][0].name == 'baseline_lr0.00283_wd0.1_s301_b2'
     assert phases['dtype'][0].name == 'baseline_lr0.00283_wd0.1_s301_bfloat16'
@@ -83,21 +98,34 @@ def test_tuning_takes_the_mean_over_seeds_and_brackets_it():
     assert V.tune('reduced', results)[1] == 5.66e-3
 
 
-def test_a_spike_is_a_rise_of_the_fixed_window_loss_or_a_jump_of_the_training_loss():
+def test_a_spike_is_a_rise_of_the_fixed_window_loss_or_a_non_finite_loss():
     clean = [dict(iter=k, loss=3.0 - k / 1000) for k in range(10, 300, 10)] + \
         [dict(iter=k, val_loss=3.0 - k / 1000) for k in (0, 100, 200)]
-    assert V.spikes(clean, 24) == []
-    assert V.spikes(clean + [dict(iter=300, val_loss=2.9)], 24) == [300]
-    assert V.spikes(clean + [dict(iter=310, loss=2.71 * 1.21)], 24) == [310]
-    assert V.spikes(clean + [dict(iter=310, loss=2.71 * 1.19)], 24) == []  # within the batches' own spread
-    assert V.spikes([dict(iter=20, loss=9.0), dict(iter=30, loss=2.0)], 24) == []  # warmup is left out
-    assert V.spikes([dict(iter=30, loss=2.0), dict(iter=40, loss=math.nan)], 24) == [40]
+    assert V.spikes(clean, 24) == {}
+    rise = 100 * 0.1 / 2.8
+    assert V.spikes(clean + [dict(iter=300, val_loss=2.9)], 24) == {300: pytest.approx(rise)}
+    # a hard batch moves the training loss, not the fixed windows: no spike (the amendment)
+    assert V.spikes(clean + [dict(iter=310, loss=2.71 * 1.6)], 24) == {}
+    assert V.spikes([dict(iter=20, val_loss=9.0), dict(iter=30, val_loss=2.0),
+                     dict(iter=100, val_loss=2.1)], 24) == {100: pytest.approx(5.0)}  # no warmup
+    assert V.spikes([dict(iter=30, loss=2.0), dict(iter=40, loss=math.nan)], 24) == {40: math.inf}
+
+
+def test_the_stability_phase_climbs_until_a_seed_diverges():
+    results = {}
+    assert V.stability_lrs('reduced_mlp', results) == []  # claim (iii) concerns the primary pair
+    assert V.stability_lrs('reduced', results) == [0.008]
+    for s in V.SELECTION_SEEDS:
+        results[V.Run('reduced', 0.008, 2 ** -5, s).name] = 2.0
+    assert V.stability_lrs('reduced', results) == [0.008, 0.0113]  # named once 8e-3 has every seed
+    results[V.Run('reduced', 0.0113, 2 ** -5, 201).name] = math.inf
+    assert V.stability_lrs('reduced', results) == [0.008, 0.0113]  # a divergence ends the climb
 
 
 def test_report_writes_every_v3_block_with_the_known_answers(tmp_path):
     pytest.importorskip('matplotlib', reason='matplotlib draws the experiment figures (pip install -r requirements-dev.txt)')
     root = str(tmp_path / 'experiments')
-    assert fill_experiment(root) == 2  # tuning, then everything it names
+    assert fill_experiment(root) == 4  # tuning, then what it names, as the stability phase climbs
     docs = tmp_path / 'docs' / 'experiments.md'
     docs.parent.mkdir()
     docs.write_text(open(os.path.join(HERE, 'docs', 'experiments.md')).read())
@@ -105,8 +133,12 @@ def test_report_writes_every_v3_block_with_the_known_answers(tmp_path):
     assert E.fill(docs.read_text(), made) == docs.read_text()
     assert made['v3_tuning'].count('**selected**') == 4 and made['v3_tuning'].count('| bracketed |') == 4
     stability = made['v3_stability'].splitlines()
-    assert stability[3] == '| reduced | 0.03125 | 0.002, 0.00283, 0.004, 0.00566 | 0.00566: 202 spiked at 300 | 0.004 |'
-    assert stability[2].endswith('| none | 0.00566 (a lower bound: no run spiked) |')
+    assert stability[3] == ('| reduced | 0.03125 | 0.002, 0.00283, 0.004, 0.00566, 0.008, 0.0113 '
+                            '| 0.00566: 202 spiked at 300 (+7.36%); 0.0113: 203 diverged | 0.004 '
+                            '| 1.0, 1.0, 1.0, 1.0, 3.0, 3.0 |')
+    assert stability[2].endswith('| none | 0.0226 (a lower bound: no run spiked) '
+                                 '| 1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0 |')
+    assert '| reduced | 0.0113 | 2.0399 | 2.0409 | diverged |' in stability
     verdict = made['v3_verdict']
     assert '| (i) reduced − baseline | 20 | +0.50% ±' in verdict and verdict.count('**worse**') == 1
     assert '| (ii) reduced_mlp − baseline | 10 | -0.17% ± 0.03% |' in verdict and '**better**' in verdict
@@ -119,7 +151,7 @@ def test_report_writes_every_v3_block_with_the_known_answers(tmp_path):
     assert 'Paired difference bf16 − fp32 (baseline, seeds 301–304): +0.01%' in made['v3_dtype']
     claims = made['v3_claims']
     assert '| (i) the reduced model matches the baseline | reduced − baseline, paired full val loss | **worse**' in claims
-    assert 'descriptive: baseline 0.00566+; reduced 0.004; ' in claims
+    assert 'descriptive: baseline 0.0226+; reduced 0.004; ' in claims
     for png in ('v3_stability.png', 'v3_trajectory.png', 'v3_induction.png'):
         assert (tmp_path / 'docs' / 'assets' / png).read_bytes()[:4] == b'\x89PNG'
 
