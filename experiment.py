@@ -469,10 +469,12 @@ def designs():
 
 
 def pending(root, d):
-    """(runs to start, in plan order, not yet committed; phases; arms waiting; results) of design d."""
+    """(runs to start, not yet committed, in the design's RUN_ORDER of phases or else in plan
+    order; phases; arms waiting; results) of design d."""
     results = committed_results(root, d.NAME)
     phases, waiting = d.plan(results)
-    todo = [r for runs in phases.values() for r in runs if r.name not in results]
+    order = getattr(d, 'RUN_ORDER', tuple(phases))
+    todo = [r for phase in order for r in phases[phase] if r.name not in results]
     return list(dict.fromkeys(todo)), phases, waiting, results
 
 

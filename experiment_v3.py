@@ -33,6 +33,8 @@ MARGIN = E.MARGIN  # % of loss: "matches" is within it, by two one-sided tests
 # claim (iii): above the tuning grid, the stability phase climbs in sqrt(2) steps until a seed
 # diverges, at most STABILITY_STEPS times (baseline and reduced trained on every seed at its top)
 STABILITY_ARMS, STABILITY_STEPS = PRIMARY, 4
+# the order the runner starts them: the primary verdict as soon as its pair is tuned
+RUN_ORDER = ('test', 'tuning', 'longer', 'dtype', 'stability')
 Run = E.Run  # (arm, lr, wd, seed, budget, init_std, dtype): v3 sets the geometry in BASE instead
 
 
@@ -82,9 +84,11 @@ def plan(results):
             waiting.append(arm)
         else:
             chosen[arm] = lr
-    for seed in TEST_SEEDS:  # seed by seed, so that a partial test phase stays paired
-        phases['test'] += [Run(a, chosen[a], WD[a], seed) for a in ARMS
-                           if a in chosen and (a in PRIMARY or seed in SECONDARY_SEEDS)]
+    # the primary pair first, then the secondaries, each seed by seed so that a partial test
+    # phase stays paired: the one primary comparison is never left waiting on a secondary arm
+    secondary = [a for a in ARMS if a not in PRIMARY]
+    for arms, seeds in ((PRIMARY, TEST_SEEDS), (secondary, SECONDARY_SEEDS)):
+        phases['test'] += [Run(a, chosen[a], WD[a], s) for s in seeds for a in arms if a in chosen]
     phases['longer'] = [Run(a, chosen[a], WD[a], s, budget=LONG_BUDGET)
                         for s in LONG_SEEDS for a in PRIMARY if a in chosen]
     if DTYPE_ARM in chosen:

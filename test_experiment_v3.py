@@ -86,6 +86,17 @@ def test_the_design_names_its_runs_and_waits_on_tuning(tmp_path):
     assert phases['dtype'][0].name == 'baseline_lr0.00283_wd0.1_s301_bfloat16'
 
 
+def test_the_primary_pair_is_tested_before_the_secondaries_are_tuned(tmp_path):
+    root = str(tmp_path)
+    for run in E.pending(root, V)[0]:
+        if run.arm in V.PRIMARY and run.seed in V.SELECTION_SEEDS and run.lr in V.LR_GRID:
+            write_run(root, run)
+    todo, phases, waiting, _ = E.pending(root, V)
+    assert waiting == ['reduced_mlp', 'baseline_small_mlp'] and len(phases['test']) == 40
+    assert todo[:40] == phases['test'] and todo[40].arm == 'reduced_mlp'
+    assert [r.arm for r in todo[:2]] == ['baseline', 'reduced'] and todo[0].seed == todo[1].seed
+
+
 def test_tuning_takes_the_mean_over_seeds_and_brackets_it():
     results = {}
     for lr in V.LR_GRID:  # seed 201 alone would pick 2e-3; the mean of the three picks the grid's top
