@@ -155,17 +155,25 @@ def arm_settings(arm, base):
     return variant_settings(arm, base, train.MODEL_KEYS)
 
 
-def command(run, base, work):
-    b = run.budget
-    args = [*BASE, *(f'--{k}={v!r}' for k, v in arm_settings(run.arm, base).items()),
+def run_command(run, base, work, base_files):
+    """train.py's command line for a run of any design: its base config files, its arm's model
+    settings, and what the run names (LR, weight decay, seed, budget, init std, dtype)."""
+    args = [*base_files, *(f'--{k}={v!r}' for k, v in arm_settings(run.arm, base).items()),
             f'--learning_rate={run.lr!r}', f'--min_lr={run.lr / 10!r}', f'--weight_decay={run.wd!r}',
             f'--seed={run.seed}', f'--data_seed={run.seed}', f'--out_dir={work}']
-    if b != 1:
-        args += [f"--{k}={max(1, round(base[k] * b))}" for k in ('max_iters', 'warmup_iters', 'lr_decay_iters')]
+    if run.budget != 1:  # the same schedule shape: warmup and horizon scale with the steps
+        args += [f"--{k}={max(1, round(base[k] * run.budget))}"
+                 for k in ('max_iters', 'warmup_iters', 'lr_decay_iters')]
     if run.init_std:
         args.append(f'--init_std={run.init_std!r}')
+    if run.dtype:
+        args.append(f'--dtype={run.dtype}')
     init = 'resume' if os.path.exists(os.path.join(work, 'ckpt.pt')) else 'scratch'
     return [sys.executable, 'train.py', *args, f'--init_from={init}']
+
+
+def command(run, base, work):
+    return run_command(run, base, work, BASE)
 
 
 def final_loss(folder):

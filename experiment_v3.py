@@ -104,16 +104,7 @@ def base_config():
 
 
 def command(run, base, work):
-    args = [*BASE, *(f'--{k}={v!r}' for k, v in E.arm_settings(run.arm, base).items()),
-            f'--learning_rate={run.lr!r}', f'--min_lr={run.lr / 10!r}', f'--weight_decay={run.wd!r}',
-            f'--seed={run.seed}', f'--data_seed={run.seed}', f'--out_dir={work}']
-    if run.budget != 1:
-        args += [f"--{k}={max(1, round(base[k] * run.budget))}"
-                 for k in ('max_iters', 'warmup_iters', 'lr_decay_iters')]
-    if run.dtype:
-        args.append(f'--dtype={run.dtype}')
-    init = 'resume' if os.path.exists(os.path.join(work, 'ckpt.pt')) else 'scratch'
-    return [E.sys.executable, 'train.py', *args, f'--init_from={init}']
+    return E.run_command(run, base, work, BASE)
 
 
 # -----------------------------------------------------------------------------
