@@ -229,7 +229,7 @@ def rotate(x, rope):
     cos, sin = rope
     half = x.size(-1) // 2
     turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x * cos.to(x.dtype) + turned * sin.to(x.dtype))
+    return x * cos.to(x.dtype) + turned * sin.to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
