@@ -33,8 +33,9 @@ MARGIN = E.MARGIN  # % of loss: "matches" is within it, by two one-sided tests
 # claim (iii): above the tuning grid, the stability phase climbs in sqrt(2) steps until a seed
 # diverges, at most STABILITY_STEPS times (baseline and reduced trained on every seed at its top)
 STABILITY_ARMS, STABILITY_STEPS = PRIMARY, 4
-# the order the runner starts them: the primary verdict as soon as its pair is tuned
-RUN_ORDER = ('test', 'tuning', 'longer', 'dtype', 'stability')
+# the order the runner starts them: the primary pair's test and longer budget as soon as the pair
+# is tuned, then the secondaries' tuning (their tests join 'test' once it ends)
+RUN_ORDER = ('test', 'longer', 'tuning', 'dtype', 'stability')
 Run = E.Run  # (arm, lr, wd, seed, budget, init_std, dtype): v3 sets the geometry in BASE instead
 
 
@@ -268,32 +269,45 @@ def verdict_rows(stats, comparisons):
 
 
 def verdict_stats(results, phases):
-    """report.compare's statistics for the primary alone and for the secondaries together, or None
-    while a comparison lacks seeds."""
+    """report.compare's statistics per comparison, None while it lacks seeds: the primary alone,
+    the secondaries together (Holm), once both have all theirs."""
     gaps = [comparison_gaps(results, phases, arm, ref) for arm, ref, _ in COMPARISONS]
-    if any(len(g) < len(needed(a, r)) for g, (a, r, _) in zip(gaps, COMPARISONS)):
-        return None
-    return report.compare([list(gaps[0].values())], MARGIN) + report.compare([list(g.values()) for g in gaps[1:]],
-                                                                            MARGIN)
+    done = [len(g) >= len(needed(a, r)) for g, (a, r, _) in zip(gaps, COMPARISONS)]
+    primary = report.compare([list(gaps[0].values())], MARGIN) if done[0] else [None]
+    secondary = (report.compare([list(g.values()) for g in gaps[1:]], MARGIN) if all(done[1:])
+                 else [None] * (len(COMPARISONS) - 1))
+    return primary + secondary
+
+
+def tested_arms(results, phases):
+    """The arms whose test runs have all finished."""
+    return [a for a in ARMS if test_runs(phases, a) and
+            all(r.name in results for r in test_runs(phases, a))]
 
 
 def verdict_block(results, phases):
     stats = verdict_stats(results, phases)
-    if stats is None:
-        done = [len(comparison_gaps(results, phases, a, r)) for a, r, _ in COMPARISONS]
-        return "Not yet: paired seeds so far " + ', '.join(
-            f"{a} − {r} {n} of {len(needed(a, r))}" for (a, r, _), n in zip(COMPARISONS, done)) + ".\n"
-    means = ["| arm | peak LR | weight decay | seeds | full val loss, mean ± sd |", "|---|---|---|---|---|"]
-    for arm in ARMS:
+    waiting = [(a, r) for s, (a, r, _) in zip(stats, COMPARISONS) if s is None]
+    note = "" if not waiting else "Not yet: paired seeds so far " + ', '.join(
+        f"{a} − {r} {len(comparison_gaps(results, phases, a, r))} of {len(needed(a, r))}"
+        for a, r in waiting) + ".\n"
+    if all(s is None for s in stats):
+        return note
+    means = ["| arm | peak LR | weight decay | seeds | full val loss, mean ± sd |",
+             "|---|---|---|---|---|"]
+    for arm in tested_arms(results, phases):
         losses = [results[r.name] for r in test_runs(phases, arm)]
         m, sd = report.mean_sd(losses)
-        means.append(f"| {arm} | {test_runs(phases, arm)[0].lr:g} | {WD[arm]:g} | {len(losses)} | {m:.4f} ± {sd:.4f} |")
-    rows = ["| comparison | seeds | paired gap, mean ± sd | interval (level) | t p (Holm) | sign-flip p "
-            "| TOST ±0.3% p (Holm) | resolution | verdict |", "|---|---|---|---|---|---|---|---|---|"]
-    rows += verdict_rows(stats, COMPARISONS)
+        means.append(f"| {arm} | {test_runs(phases, arm)[0].lr:g} | {WD[arm]:g} | {len(losses)} "
+                     f"| {m:.4f} ± {sd:.4f} |")
+    rows = ["| comparison | seeds | paired gap, mean ± sd | interval (level) | t p (Holm) "
+            "| sign-flip p | TOST ±0.3% p (Holm) | resolution | verdict |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    rows += verdict_rows(*zip(*[(s, c) for s, c in zip(stats, COMPARISONS) if s is not None]))
     return '\n'.join(means) + '\n\n' + '\n'.join(rows) + (
-        "\n\nResolution: the smallest gap this comparison's measured noise detects with 80% power at its "
-        "level (the primary alone at 0.05; the secondaries at Holm's strictest, 0.025).\n")
+        "\n\nResolution: the smallest gap this comparison's measured noise detects with 80% power "
+        "at its level (the primary alone at 0.05; the secondaries at Holm's strictest, 0.025).\n"
+        + ("\n" + note if note else ""))
 
 
 def eval_series(root, run, key='val_loss'):
@@ -318,31 +332,39 @@ def slope(points):
 
 
 def complete_trajectories(root, results, phases):
-    """[(arm, ref, claim, {seed: {step: gap}})] once every comparison has all its seeds, else None."""
-    out = []
+    """([(arm, ref, claim, {seed: {step: gap}})] of the comparisons with all their seeds, the
+    rest as a 'Not yet' line or '')."""
+    out, waiting = [], []
     for arm, ref, claim in COMPARISONS:
         series = trajectories(root, results, phases, arm, ref, needed(arm, ref))
         if len(series) < len(needed(arm, ref)):
-            return None
-        out.append((arm, ref, claim, series))
-    return out
+            waiting.append(f"{claim} {arm} − {ref} {len(series)} of {len(needed(arm, ref))}")
+        else:
+            out.append((arm, ref, claim, series))
+    return out, ("Not yet: paired seeds so far " + ", ".join(waiting) + ".\n" if waiting else "")
+
+
+def interval_cell(values):
+    m, lo, hi = E.interval95(values)
+    return f"{E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}]"
 
 
 def trajectory_block(root, results, phases):
-    comps = complete_trajectories(root, results, phases)
-    if comps is None:
-        return "Not yet: the trajectory is drawn once every comparison has all its test seeds.\n"
+    comps, note = complete_trajectories(root, results, phases)
+    if not comps:
+        return note
     steps = sorted(next(iter(comps[0][3].values())))
-    head = "| step | " + " | ".join(f"{c} {a} − {r}, mean [95% interval]" for a, r, c, _ in comps) + " |"
-    rows = [head, "|---|" + "---|" * len(comps)]
+    rows = ["| step | " + " | ".join(f"{c} {a} − {r}, mean [95% interval]" for a, r, c, _ in comps)
+            + " |", "|---|" + "---|" * len(comps)]
     for step in steps:
-        cells = [E.interval95([series[s][step] for s in series]) for _, _, _, series in comps]
-        rows.append(f"| {step} | " + " | ".join(f"{E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}]" for m, lo, hi in cells) + " |")
+        rows.append(f"| {step} | " + " | ".join(interval_cell([series[s][step] for s in series])
+                                                for *_, series in comps) + " |")
     last = [k for k in steps if k >= steps[-1] * 2 / 3]
-    cells = [E.interval95([slope([(k, series[s][k]) for k in last]) for s in series]) for _, _, _, series in comps]
-    rows.append(f"| slope over steps {last[0]}–{last[-1]}, per 100 steps | " +
-                " | ".join(f"{E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}]" for m, lo, hi in cells) + " |")
-    return '\n'.join(rows) + '\n\n![the paired gap through the run](assets/v3_trajectory.png)\n'
+    rows.append(f"| slope over steps {last[0]}–{last[-1]}, per 100 steps | " + " | ".join(
+        interval_cell([slope([(k, series[s][k]) for k in last]) for s in series])
+        for *_, series in comps) + " |")
+    return '\n'.join(rows) + '\n\n![the paired gap through the run](assets/v3_trajectory.png)\n' + (
+        '\n' + note if note else '')
 
 
 def longer_block(results, phases):
@@ -373,28 +395,46 @@ def onset(curve):
     return next((k for k in sorted(curve) if curve[k][0] >= INDUCTION_THRESHOLD), None)
 
 
+def induction_arms(results, phases):
+    """The arms with every one of the induction seeds finished: the reference first, or none."""
+    done = [a for a in ARMS if len(test_runs(phases, a, SECONDARY_SEEDS)) == len(SECONDARY_SEEDS)
+            and all(r.name in results for r in test_runs(phases, a, SECONDARY_SEEDS))]
+    return done if ARMS[0] in done and len(done) > 1 else []
+
+
+def induction_lag(on, ref_on):
+    paired = [on[s] - ref_on[s] for s in on if on[s] is not None and ref_on[s] is not None]
+    if len(paired) < 2:
+        return "-"
+    m, lo, hi = E.interval95(paired)
+    return f"{m:+.0f} [{lo:+.0f}, {hi:+.0f}] steps (n = {len(paired)})"
+
+
 def induction_block(root, results, phases):
-    seeds = SECONDARY_SEEDS
-    runs = {arm: test_runs(phases, arm, seeds) for arm in ARMS}
-    if any(len(rs) < len(seeds) or any(r.name not in results for r in rs) for rs in runs.values()):
-        return f"Not yet: every arm needs test seeds {seeds[0]}–{seeds[-1]}.\n"
-    curves = {arm: {r.seed: induction_curve(root, r) for r in rs} for arm, rs in runs.items()}
-    rows = [f"| arm | step the strongest head passes {INDUCTION_THRESHOLD} (mean; per seed) | its score at the end "
-            "| repeat loss at the end | onset − baseline's, mean [95% interval] |", "|---|---|---|---|---|"]
-    for arm in ARMS:
+    seeds, arms = SECONDARY_SEEDS, induction_arms(results, phases)
+    rest = [a for a in ARMS if a not in arms]
+    note = f"Not yet: {', '.join(rest)} need test seeds {seeds[0]}–{seeds[-1]}.\n" if rest else ""
+    if not arms:
+        return note
+    curves = {a: {r.seed: induction_curve(root, r) for r in test_runs(phases, a, seeds)}
+              for a in arms}
+    ref_on = {s: onset(c) for s, c in curves[ARMS[0]].items()}
+    rows = [f"| arm | step the strongest head passes {INDUCTION_THRESHOLD} (mean; per seed) "
+            "| its largest score in the run | its score at the end | repeat loss at the end "
+            "| onset − baseline's, mean [95% interval] |", "|---|---|---|---|---|---|"]
+    for arm in arms:
         on = {s: onset(c) for s, c in curves[arm].items()}
         end = [c[max(c)] for c in curves[arm].values()]
+        peak = max(v[0] for c in curves[arm].values() for v in c.values())
         hit = [v for v in on.values() if v is not None]
-        lag = "(reference)" if arm == ARMS[0] else "-"
-        paired = [on[s] - onset(curves[ARMS[0]][s]) for s in seeds
-                  if on[s] is not None and onset(curves[ARMS[0]][s]) is not None]
-        if arm != ARMS[0] and len(paired) > 1:
-            m, lo, hi = E.interval95(paired)
-            lag = f"{m:+.0f} [{lo:+.0f}, {hi:+.0f}] steps (n = {len(paired)})"
         mean_on = f"{sum(hit) / len(hit):.0f}" if hit else "never"
-        rows.append(f"| {arm} | {mean_on}; " + ", ".join(str(on[s]) if on[s] else "never" for s in seeds) +
-                    f" | {sum(e[0] for e in end) / len(end):.3f} | {sum(e[1] for e in end) / len(end):.3f} | {lag} |")
-    return '\n'.join(rows) + '\n\n![induction score and repeat loss through the run](assets/v3_induction.png)\n'
+        lag = "(reference)" if arm == ARMS[0] else induction_lag(on, ref_on)
+        rows.append(f"| {arm} | {mean_on}; " + ", ".join(str(on[s]) if on[s] else "never"
+                                                          for s in seeds) +
+                    f" | {peak:.3f} | {sum(e[0] for e in end) / len(end):.3f} "
+                    f"| {sum(e[1] for e in end) / len(end):.3f} | {lag} |")
+    return '\n'.join(rows) + ('\n\n![induction score and repeat loss through the run]'
+                              '(assets/v3_induction.png)\n') + ('\n' + note if note else '')
 
 
 def dtype_block(root, results, phases):
@@ -413,26 +453,35 @@ def dtype_block(root, results, phases):
             f"({DTYPE_ARM}, seeds {DTYPE_SEEDS[0]}–{DTYPE_SEEDS[-1]}): {E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] (95%).\n")
 
 
+def stability_word(root, results):
+    """Claim (iii)'s cell: per arm, the largest LR with no spike once its LRs have all finished."""
+    grid, words = stability_rows(root, results), []
+    for arm in ARMS:
+        mine = [r for r in grid if r['arm'] == arm]
+        if not mine or any(None in r['states'] for r in mine):
+            words.append(f"{arm} not yet")
+            continue
+        _, lr, clean = stability_summary(mine)
+        words.append(f"{arm} {'none' if lr is None else f'{lr:g}'}{'+' if clean else ''}")
+    return "; ".join(words)
+
+
 def claims_block(root, results, phases):
     stats = verdict_stats(results, phases)
     rows = ["| claim | tested here as | verdict | resolution |", "|---|---|---|---|"]
-    texts = {'(i)': "the reduced model matches the baseline", '(ii)': "reduced_mlp beats the baseline",
+    texts = {'(i)': "the reduced model matches the baseline",
+             '(ii)': "reduced_mlp beats the baseline",
              '(iv)': "the reduced model beats the parameter-matched baseline_small_mlp"}
-    for i, (arm, ref, claim) in enumerate(COMPARISONS):
-        verdict = "not yet" if stats is None else f"**{stats[i]['verdict']}** ({E.pct(stats[i]['mean'])})"
-        res = "" if stats is None else f"{stats[i]['mde']:.2f}% (n = {stats[i]['n']})"
-        rows.append(f"| {claim} {texts[claim]} | {arm} − {ref}, paired full val loss | {verdict} | {res} |")
-    grid = stability_rows(root, results)
-    if any(None in r['states'] for r in grid) or not grid:
-        word = "not yet"
-    else:
-        stable = {arm: stability_summary([r for r in grid if r['arm'] == arm])[1:] for arm in ARMS}
-        word = "; ".join(f"{arm} {'none' if lr is None else f'{lr:g}'}{'+' if clean else ''}"
-                         for arm, (lr, clean) in stable.items())
-    rows.insert(4, "| (iii) it trains stably at 3× lower weight decay | the largest peak LR with no spike "
-                   f"on the tuning grid and above it, each arm at its paper λ | descriptive: {word} "
-                   "| the √2 grid |")
-    return '\n'.join(rows) + "\n\n(iii): `+` marks an arm none of whose runs spiked: its largest LR is a lower bound.\n"
+    for s, (arm, ref, claim) in zip(stats, COMPARISONS):
+        verdict = "not yet" if s is None else f"**{s['verdict']}** ({E.pct(s['mean'])})"
+        res = "" if s is None else f"{s['mde']:.2f}% (n = {s['n']})"
+        rows.append(f"| {claim} {texts[claim]} | {arm} − {ref}, paired full val loss "
+                    f"| {verdict} | {res} |")
+    rows.insert(4, "| (iii) it trains stably at 3× lower weight decay | the largest peak LR with no "
+                   "spike on the tuning grid and above it, each arm at its paper λ | descriptive: "
+                   f"{stability_word(root, results)} | the √2 grid |")
+    return '\n'.join(rows) + ("\n\n(iii): `+` marks an arm none of whose runs spiked: its "
+                              "largest LR is a lower bound.\n")
 
 
 def blocks(root):
@@ -454,11 +503,12 @@ def write_figures(root, folder):
     rows = [r for r in stability_rows(root, results) if None not in r['losses']]
     if rows:
         stability_figure(rows, os.path.join(folder, 'v3_stability.png'))
-    comps = complete_trajectories(root, results, phases)
-    if comps is not None:
+    comps = complete_trajectories(root, results, phases)[0]
+    if comps:
         trajectory_figure(comps, os.path.join(folder, 'v3_trajectory.png'))
-    if not induction_block(root, results, phases).startswith('Not yet'):
-        induction_figure(root, phases, os.path.join(folder, 'v3_induction.png'))
+    arms = induction_arms(results, phases)
+    if arms:
+        induction_figure(root, phases, arms, os.path.join(folder, 'v3_induction.png'))
 
 
 def stability_figure(rows, path):
@@ -494,10 +544,10 @@ def trajectory_figure(comps, path):
     report.save_figure(fig, path)
 
 
-def induction_figure(root, phases, path):
+def induction_figure(root, phases, arms, path):
     plt = report.pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
-    for i, arm in enumerate(ARMS):
+    for i, arm in enumerate(arms):
         curves = [induction_curve(root, r) for r in test_runs(phases, arm, SECONDARY_SEEDS)]
         steps = sorted(curves[0])
         color = report.variant_color(arm, i)

@@ -86,14 +86,15 @@ def test_the_design_names_its_runs_and_waits_on_tuning(tmp_path):
     assert phases['dtype'][0].name == 'baseline_lr0.00283_wd0.1_s301_bfloat16'
 
 
-def test_the_primary_pair_is_tested_before_the_secondaries_are_tuned(tmp_path):
+def test_the_primary_pair_is_tested_and_run_longer_before_the_secondaries_are_tuned(tmp_path):
     root = str(tmp_path)
     for run in E.pending(root, V)[0]:
         if run.arm in V.PRIMARY and run.seed in V.SELECTION_SEEDS and run.lr in V.LR_GRID:
             write_run(root, run)
     todo, phases, waiting, _ = E.pending(root, V)
     assert waiting == ['reduced_mlp', 'baseline_small_mlp'] and len(phases['test']) == 40
-    assert todo[:40] == phases['test'] and todo[40].arm == 'reduced_mlp'
+    assert todo[:40] == phases['test'] and todo[40:48] == phases['longer']
+    assert todo[48].arm == 'reduced_mlp'
     assert [r.arm for r in todo[:2]] == ['baseline', 'reduced'] and todo[0].seed == todo[1].seed
 
 
@@ -165,6 +166,29 @@ def test_report_writes_every_v3_block_with_the_known_answers(tmp_path):
     assert 'descriptive: baseline 0.0226+; reduced 0.004; ' in claims
     for png in ('v3_stability.png', 'v3_trajectory.png', 'v3_induction.png'):
         assert (tmp_path / 'docs' / 'assets' / png).read_bytes()[:4] == b'\x89PNG'
+
+
+def test_the_primary_comparison_is_reported_while_the_secondaries_wait(tmp_path):
+    root = str(tmp_path)
+    while todo := [r for r in E.pending(root, V)[0] if r.arm in V.PRIMARY]:
+        for run in todo:
+            write_run(root, run)
+    made = V.blocks(root)
+    verdict = made['v3_verdict']
+    assert '| (i) reduced − baseline | 20 | +0.50% ±' in verdict and '(ii)' not in verdict
+    assert verdict.endswith('Not yet: paired seeds so far reduced_mlp − baseline 0 of 10, '
+                            'reduced − baseline_small_mlp 0 of 10.\n')
+    assert '| (i) the reduced model matches the baseline | reduced − baseline, paired full val ' \
+        'loss | **worse** (+0.50%) |' in made['v3_claims']
+    assert made['v3_claims'].count('| not yet |') == 2
+    assert 'descriptive: baseline 0.0226+; reduced 0.004; reduced_mlp not yet; ' in made['v3_claims']
+    trajectory = made['v3_trajectory']
+    assert trajectory.startswith('| step | (i) reduced − baseline, mean [95% interval] |\n')
+    assert trajectory.endswith('Not yet: paired seeds so far (ii) reduced_mlp − baseline 0 of 10, '
+                               '(iv) reduced − baseline_small_mlp 0 of 10.\n')
+    induction = made['v3_induction']
+    assert '| reduced | 500; ' in induction and '| reduced_mlp |' not in induction
+    assert induction.endswith('Not yet: reduced_mlp, baseline_small_mlp need test seeds 301–310.\n')
 
 
 def test_the_v3_commands_train_each_arm_at_the_geometry_and_budget():
