@@ -514,16 +514,24 @@ def write_figures(root, folder):
 def stability_figure(rows, path):
     plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    diverged = []
     for i, arm in enumerate(ARMS):
         mine = [r for r in rows if r['arm'] == arm]
         color = report.variant_color(arm, i)
         for r in mine:
             for loss, state in zip(r['losses'], r['states']):
                 if math.isfinite(loss):
-                    ax.scatter(r['lr'], loss, color=color, marker='x' if state else 'o', s=18, alpha=0.7)
-        ax.plot([r['lr'] for r in mine], [r['mean'] for r in mine], color=color, label=arm)
-    ax.set(xscale='log', xlabel='peak LR', ylabel='full val loss',
-           title='tuning: every selection seed (x: spiked), line: the mean')
+                    ax.scatter(r['lr'], loss, color=color, marker='x' if state else 'o', s=18,
+                               alpha=0.7)
+                else:
+                    diverged.append((r['lr'], color))
+        finite = [r for r in mine if math.isfinite(r['mean'])]
+        ax.plot([r['lr'] for r in finite], [r['mean'] for r in finite], color=color, label=arm)
+    top = ax.get_ylim()[1]
+    for lr, color in diverged:  # a diverged run has no loss: a triangle on the top edge
+        ax.scatter(lr, top, color=color, marker='^', s=30, clip_on=False)
+    ax.set(xscale='log', xlabel='peak LR', ylabel='full val loss', ylim=(None, top),
+           title='every selection seed (x: spiked, ▲ on the top edge: diverged), line: the mean')
     ax.legend(fontsize=8)
     report.save_figure(fig, path)
 
