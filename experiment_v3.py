@@ -112,7 +112,7 @@ def command(run, base, work):
 # the write-up: tables and figures from the committed logs alone
 
 COMPARISONS = (('reduced', 'baseline', '(i)'), ('reduced_mlp', 'baseline', '(ii)'),
-               ('reduced', 'baseline_small_mlp', '(iv)'))  # (arm, reference, claim); the first is primary
+               ('reduced', 'baseline_small_mlp', '(iv)'))  # (arm, reference, claim): primary first
 INDUCTION_THRESHOLD = 0.3  # the strongest head's score that counts as an induction head
 
 
@@ -233,7 +233,8 @@ def stability_block(root, results):
                    f"| {where} | {top} | {grads} |")
     above = [r for r in rows if r['lr'] > max(LR_GRID)]
     if above:
-        out += ["", "Above the tuning grid (the stability phase): full val loss per selection seed.",
+        out += ["", "Above the tuning grid (the stability phase): full val loss per selection "
+                "seed.",
                 "",
                 "| arm | peak LR | " + " | ".join(f"seed {s}" for s in SELECTION_SEEDS) + " |",
                 "|---|---|" + "---|" * len(SELECTION_SEEDS)]
@@ -261,7 +262,8 @@ def verdict_rows(stats, comparisons):
     for (arm, ref, claim), s in zip(comparisons, stats):
         flag = " (t and sign-flip disagree at 0.05)" if s['flag'] else ""
         rows.append(f"| {claim} {arm} − {ref} | {s['n']} | {E.pct(s['mean'])} ± {s['sd']:.2f}% | "
-                    f"[{E.pct(s['mean'] - s['half'])}, {E.pct(s['mean'] + s['half'])}] ({100 * s['level']:.1f}%) | "
+                    f"[{E.pct(s['mean'] - s['half'])}, {E.pct(s['mean'] + s['half'])}] "
+                    f"({100 * s['level']:.1f}%) | "
                     f"{E.fmt_p(s['p_t'])} ({E.fmt_p(s['p_t_holm'])}) | {E.fmt_p(s['p_perm'])} | "
                     f"{E.fmt_p(s['p_tost'])} ({E.fmt_p(s['p_tost_holm'])}) | {s['mde']:.2f}% | "
                     f"**{s['verdict']}**{flag} |")
@@ -315,7 +317,7 @@ def eval_series(root, run, key='val_loss'):
 
 
 def trajectories(root, results, phases, arm, ref, seeds):
-    """{seed: {step: paired gap % on the fixed val windows}} for the seeds both arms have finished."""
+    """{seed: {step: paired gap % on the fixed val windows}} for the seeds both arms finished."""
     out = {}
     for a, b in zip(test_runs(phases, arm, seeds), test_runs(phases, ref, seeds)):
         if a.name in results and b.name in results and a.seed == b.seed:
@@ -371,10 +373,15 @@ def longer_block(results, phases):
     long_runs = phases['longer']
     if not long_runs or any(r.name not in results for r in long_runs):
         done = sum(r.name in results for r in long_runs)
-        return f"Not yet: {done} of {len(PRIMARY) * len(LONG_SEEDS)} runs at {LONG_BUDGET:g}× have finished.\n"
-    short = E.gaps_of(results, test_runs(phases, PRIMARY[0], LONG_SEEDS), test_runs(phases, PRIMARY[1], LONG_SEEDS))
-    longer = E.gaps_of(results, [r for r in long_runs if r.arm == PRIMARY[0]], [r for r in long_runs if r.arm == PRIMARY[1]])
-    rows = [f"| budget | paired gap {PRIMARY[1]} − {PRIMARY[0]}, mean [95% interval] | per seed |", "|---|---|---|"]
+        return (f"Not yet: {done} of {len(PRIMARY) * len(LONG_SEEDS)} runs at {LONG_BUDGET:g}× "
+                "have finished.\n")
+    ref, arm = PRIMARY
+    short = E.gaps_of(results, test_runs(phases, ref, LONG_SEEDS),
+                      test_runs(phases, arm, LONG_SEEDS))
+    longer = E.gaps_of(results, [r for r in long_runs if r.arm == ref],
+                       [r for r in long_runs if r.arm == arm])
+    rows = [f"| budget | paired gap {arm} − {ref}, mean [95% interval] | per seed |",
+            "|---|---|---|"]
     for label, gaps in (("1×", short), (f"{LONG_BUDGET:g}×", longer)):
         m, lo, hi = E.interval95(list(gaps.values()))
         rows.append(f"| {label} | {E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] | " +
@@ -441,16 +448,21 @@ def dtype_block(root, results, phases):
     bf16 = phases['dtype']
     fp32 = test_runs(phases, DTYPE_ARM, DTYPE_SEEDS)
     if not bf16 or any(r.name not in results for r in bf16 + fp32):
-        return f"Not yet: {sum(r.name in results for r in bf16)} of {len(DTYPE_SEEDS)} bf16 runs have finished.\n"
-    step_ms = lambda runs: sorted(e['dt_ms'] for r in runs for e in log_of(root, r) if e.get('dt_ms'))
+        return (f"Not yet: {sum(r.name in results for r in bf16)} of {len(DTYPE_SEEDS)} bf16 runs "
+                "have finished.\n")
+    step_ms = lambda runs: sorted(e['dt_ms'] for r in runs for e in log_of(root, r)
+                                  if e.get('dt_ms'))
     med = {k: v[len(v) // 2] for k, v in (('fp32', step_ms(fp32)), ('bf16', step_ms(bf16)))}
     gaps = E.gaps_of(results, fp32, bf16)
     m, lo, hi = E.interval95(list(gaps.values()))
-    return (f"| | float32 | bf16 autocast |\n|---|---|---|\n| median step time (ms, every logged step of "
+    return (f"| | float32 | bf16 autocast |\n|---|---|---|\n"
+            f"| median step time (ms, every logged step of "
             f"{len(DTYPE_SEEDS)} runs) | {med['fp32']:.1f} | {med['bf16']:.1f} |\n"
             f"| full val loss, mean | {sum(results[r.name] for r in fp32) / len(fp32):.4f} | "
-            f"{sum(results[r.name] for r in bf16) / len(bf16):.4f} |\n\nPaired difference bf16 − fp32 "
-            f"({DTYPE_ARM}, seeds {DTYPE_SEEDS[0]}–{DTYPE_SEEDS[-1]}): {E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] (95%).\n")
+            f"{sum(results[r.name] for r in bf16) / len(bf16):.4f} |\n\n"
+            f"Paired difference bf16 − fp32 ({DTYPE_ARM}, "
+            f"seeds {DTYPE_SEEDS[0]}–{DTYPE_SEEDS[-1]}): "
+            f"{E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] (95%).\n")
 
 
 def stability_word(root, results):
@@ -477,8 +489,9 @@ def claims_block(root, results, phases):
         res = "" if s is None else f"{s['mde']:.2f}% (n = {s['n']})"
         rows.append(f"| {claim} {texts[claim]} | {arm} − {ref}, paired full val loss "
                     f"| {verdict} | {res} |")
-    rows.insert(4, "| (iii) it trains stably at 3× lower weight decay | the largest peak LR with no "
-                   "spike on the tuning grid and above it, each arm at its paper λ | descriptive: "
+    rows.insert(4, "| (iii) it trains stably at 3× lower weight decay | the largest peak LR with "
+                   "no spike on the tuning grid and above it, each arm at its paper λ "
+                   "| descriptive: "
                    f"{stability_word(root, results)} | the √2 grid |")
     return '\n'.join(rows) + ("\n\n(iii): `+` marks an arm none of whose runs spiked: its "
                               "largest LR is a lower bound.\n")
@@ -489,8 +502,10 @@ def blocks(root):
     results, phases = committed(root)
     return dict(v3_tuning=tuning_block(root, results), v3_stability=stability_block(root, results),
                 v3_verdict=verdict_block(results, phases),
-                v3_trajectory=trajectory_block(root, results, phases), v3_longer=longer_block(results, phases),
-                v3_induction=induction_block(root, results, phases), v3_dtype=dtype_block(root, results, phases),
+                v3_trajectory=trajectory_block(root, results, phases),
+                v3_longer=longer_block(results, phases),
+                v3_induction=induction_block(root, results, phases),
+                v3_dtype=dtype_block(root, results, phases),
                 v3_claims=claims_block(root, results, phases))
 
 
@@ -498,7 +513,8 @@ def blocks(root):
 # figures
 
 def write_figures(root, folder):
-    """Each figure once its runs are committed: stability (as the tuning goes), trajectory, induction."""
+    """Each figure once its runs are committed: stability (as the tuning goes), trajectory,
+    induction."""
     results, phases = committed(root)
     rows = [r for r in stability_rows(root, results) if None not in r['losses']]
     if rows:
@@ -543,8 +559,10 @@ def trajectory_figure(comps, path):
         steps = sorted(next(iter(series.values())))
         stats = [E.interval95([series[s][k] for s in series]) for k in steps]
         color = report.variant_color(arm, i) if ref == 'baseline' else 'grey'
-        ax.plot(steps, [m for m, _, _ in stats], color=color, marker='.', label=f"{claim} {arm} − {ref}")
-        ax.fill_between(steps, [lo for _, lo, _ in stats], [hi for _, _, hi in stats], color=color, alpha=0.15)
+        ax.plot(steps, [m for m, _, _ in stats], color=color, marker='.',
+                label=f"{claim} {arm} − {ref}")
+        ax.fill_between(steps, [lo for _, lo, _ in stats], [hi for _, _, hi in stats], color=color,
+                        alpha=0.15)
     ax.axhline(0, color='black', lw=0.8)
     ax.set(xlabel='step', ylabel='paired gap on the fixed val windows (%)',
            title='the paired gap through the run (mean, 95% interval)')
@@ -559,7 +577,8 @@ def induction_figure(root, phases, arms, path):
         curves = [induction_curve(root, r) for r in test_runs(phases, arm, SECONDARY_SEEDS)]
         steps = sorted(curves[0])
         color = report.variant_color(arm, i)
-        top.plot(steps, [sum(c[k][0] for c in curves) / len(curves) for k in steps], color=color, label=arm)
+        top.plot(steps, [sum(c[k][0] for c in curves) / len(curves) for k in steps], color=color,
+                 label=arm)
         bottom.plot(steps, [sum(c[k][1] for c in curves) / len(curves) for k in steps], color=color)
     top.axhline(INDUCTION_THRESHOLD, color='black', lw=0.6, ls=':')
     top.set(ylabel='strongest head\'s induction score', title=f'induction probe, mean of seeds '
