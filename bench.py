@@ -1,16 +1,16 @@
 """
 Measure speed, side by side, in one process:
 
-    python bench.py                                   # train steps: baseline vs reduced vs reduced_mlp
+    python bench.py                      # train steps: baseline vs reduced vs reduced_mlp
     python bench.py --n_layer=4 --n_embd=256 --block_size=256 --batch_size=8
-    python bench.py --variants=baseline,reduced,baseline+modern,reduced+modern   # '+' stacks a config
-    python bench.py --dtype=bfloat16 --attention=sdpa,auto   # before and after the attention choice
-    python bench.py --mode=sample --variants=reduced  # KV cache vs full recomputation, 500 new tokens
-    python bench.py --mode=prepare --tokenizer=gpt2   # prepare.py tokens/s vs the tokenizer alone
-    python bench.py --mode=runs                       # experiment v3's runs per hour, fp32 vs bf16, jobs
+    python bench.py --variants=baseline,reduced,baseline+modern,reduced+modern  # '+' stacks
+    python bench.py --dtype=bfloat16 --attention=sdpa,auto   # before and after the choice
+    python bench.py --mode=sample --variants=reduced  # KV cache vs recomputing, 500 tokens
+    python bench.py --mode=prepare --tokenizer=gpt2   # prepare.py vs the tokenizer alone
+    python bench.py --mode=runs          # experiment v3's runs per hour, fp32 vs bf16, jobs
     python bench.py --mode=attention --n_head=2 --n_embd=128 --block_size=128 --batch_size=16
-    python bench.py --mode=diagnostics --variants=reduced --n_layer=4 --n_head=4 --n_embd=128 --block_size=128 \
-        --vocab_size=320 --batch_size=32 --dataset=pydocs   # train.py's diagnostics against its steps
+    python bench.py --mode=diagnostics --variants=reduced --n_layer=4 --n_head=4 --n_embd=128 \
+        --block_size=128 --vocab_size=320 --batch_size=32 --dataset=pydocs  # against steps
 
 Train mode alternates the variants step by step, so drift of a shared machine hits all
 of them alike, and reports medians. On a GPU, MFU is against the device's bf16 peak; on a
@@ -27,8 +27,8 @@ import time
 import torch
 
 import common
-from common import (UserError, device_peak_flops, open_dataset, parse_config, read_jsonl, run_main, setup_device,
-                    variant_settings, write_json, write_text)
+from common import (UserError, device_peak_flops, open_dataset, parse_config, read_jsonl, run_main,
+                    setup_device, variant_settings, write_json, write_text)
 from model import GPT, GPTConfig, KVCache
 
 DEFAULTS = dict(
@@ -52,10 +52,10 @@ DEFAULTS = dict(
     tokenizer='gpt2',  # prepare mode
     num_proc=2,  # prepare mode
     repeat=10,  # prepare mode: copies of pydocs in the corpus
-    json_out=None,  # train/sample modes: also append the results as JSON lines here; summary mode: the folder
+    json_out=None,  # train/sample modes: append the results' JSON lines here; summary: a folder
     run_dir=None,  # summary mode: a train.py run to summarise too
     eval_interval=250,  # diagnostics mode: steps between evaluations (config/demo.py's)
-    attention='auto',  # train mode: attention paths compared, of auto (model.attention_path), sdpa, explicit
+    attention='auto',  # train mode: attention paths compared: auto (model's choice), sdpa, explicit
     dtypes='float32,bfloat16',  # runs mode: the dtypes compared
     layouts='1x2,2x1',  # runs mode: jobs x threads per job, side by side
     run_steps=100,  # runs mode: steps of each short run (the full run is projected from its parts)
@@ -130,19 +130,23 @@ def bench_train(c, dev):
         for r in runs:  # alternate: drift hits every variant alike
             timed_step(r, x, y, dev)
     peak = device_peak_flops(dev.device)
-    ceiling = None if peak else cpu_matmul_flops(torch.float32 if dev.dtype == 'float16' else getattr(torch, dev.dtype))
+    mm_dtype = torch.float32 if dev.dtype == 'float16' else getattr(torch, dev.dtype)
+    ceiling = None if peak else cpu_matmul_flops(mm_dtype)
     device = torch.cuda.get_device_name(dev.device) if dev.type == 'cuda' else 'cpu'
+    tokens = c['batch_size'] * c['block_size']
     results = [dict(mode='train', device=device, dtype=dev.dtype, compile=dev.compile,
-                    **train_result(r, c['batch_size'] * c['block_size'], c['block_size'], peak, ceiling)) for r in runs]
-    print(f"\n{c['batch_size']} x {c['block_size']} tokens per step, {c['n_layer']}L/{c['n_head']}H/{c['n_embd']}d, "
-          f"{dev.device} {dev.dtype}, compile={dev.compile}, median of {c['steps']} alternated steps")
-    print(f"{'variant':<20}{'params':>12}{'ms/step':>10}{'tokens/s':>11}{'vs first':>10}{'FLOP ratio':>11}"
-          f"{'TFLOP/s':>9}{'MFU' if peak else '% of mm':>9}{'state MB':>10}")
+                    **train_result(r, tokens, c['block_size'], peak, ceiling)) for r in runs]
+    print(f"\n{c['batch_size']} x {c['block_size']} tokens per step, "
+          f"{c['n_layer']}L/{c['n_head']}H/{c['n_embd']}d, {dev.device} {dev.dtype}, "
+          f"compile={dev.compile}, median of {c['steps']} alternated steps")
+    print(f"{'variant':<20}{'params':>12}{'ms/step':>10}{'tokens/s':>11}{'vs first':>10}"
+          f"{'FLOP ratio':>11}{'TFLOP/s':>9}{'MFU' if peak else '% of mm':>9}{'state MB':>10}")
     ref = results[0]
     for r in results:
         util = r['mfu'] if peak else r['fraction_of_matmul']
-        print(f"{r['variant']:<20}{r['params']:>12,}{r['ms_per_step']:>10.1f}{r['tokens_per_s']:>11,.0f}"
-              f"{r['ms_per_step'] / ref['ms_per_step']:>10.3f}{r['flops_per_token'] / ref['flops_per_token']:>11.3f}"
+        print(f"{r['variant']:<20}{r['params']:>12,}{r['ms_per_step']:>10.1f}"
+              f"{r['tokens_per_s']:>11,.0f}{r['ms_per_step'] / ref['ms_per_step']:>10.3f}"
+              f"{r['flops_per_token'] / ref['flops_per_token']:>11.3f}"
               f"{r['achieved_tflops']:>9.3f}{100 * util:>8.1f}%{r['state_mb']:>10.1f}")
     for r in results:
         print('json: ' + json.dumps(r))
@@ -187,7 +191,8 @@ def train_result(r, tokens, block_size, peak, ceiling):
     model = r['model']
     dt = statistics.median(r['times'])
     state = sum(p.numel() * p.element_size() * 2 for p in model.parameters())  # weights + grads
-    state += sum(t.numel() * t.element_size() for s in r['opt'].state.values() for t in s.values() if torch.is_tensor(t))
+    state += sum(t.numel() * t.element_size() for s in r['opt'].state.values()
+                 for t in s.values() if torch.is_tensor(t))
     achieved = model.flops_per_token(block_size) * tokens / dt
     return dict(variant=r['name'], params=model.get_num_params(), ms_per_step=dt * 1000,
                 tokens_per_s=tokens / dt, flops_per_token=model.flops_per_token(block_size),
@@ -207,8 +212,8 @@ def bench_sample(c, dev):
     model = dev.for_inference(GPT(variant_config(name, c), verbose=False))
     if dev.compile:
         model.compile(dynamic=True)
-    prompt = torch.randint(c['vocab_size'], (1, c['prompt_tokens']), generator=torch.Generator().manual_seed(c['seed']))
-    prompt = prompt.to(dev.device)
+    g = torch.Generator().manual_seed(c['seed'])
+    prompt = torch.randint(c['vocab_size'], (1, c['prompt_tokens']), generator=g).to(dev.device)
     out, times = {}, {}
     with dev.ctx:
         for use_cache in (True, False):
@@ -216,23 +221,28 @@ def bench_sample(c, dev):
         for use_cache in (True, False):
             sync(dev.device)
             t0 = time.perf_counter()
-            out[use_cache] = model.generate(prompt, c['max_new_tokens'], temperature=0.0, use_cache=use_cache)
+            out[use_cache] = model.generate(prompt, c['max_new_tokens'], temperature=0.0,
+                                            use_cache=use_cache)
             sync(dev.device)
             times[use_cache] = time.perf_counter() - t0
         diff = cache_logit_diff(model, out[True])
     n = c['max_new_tokens']
-    result = dict(mode='sample', variant=name, params=model.get_num_params(), new_tokens=n, dtype=dev.dtype,
-                  device=torch.cuda.get_device_name(dev.device) if dev.type == 'cuda' else 'cpu', compile=dev.compile,
+    cache = KVCache(model.config, 1, 'meta', model.cache_dtype(dev.device))
+    result = dict(mode='sample', variant=name, params=model.get_num_params(), new_tokens=n,
+                  dtype=dev.dtype, compile=dev.compile,
+                  device=torch.cuda.get_device_name(dev.device) if dev.type == 'cuda' else 'cpu',
                   cached_tokens_per_s=n / times[True], uncached_tokens_per_s=n / times[False],
-                  speedup=times[False] / times[True], same_tokens=bool(torch.equal(out[True], out[False])),
-                  max_logit_diff=diff, cache_bytes=KVCache(model.config, 1, 'meta', model.cache_dtype(dev.device)).nbytes())
+                  speedup=times[False] / times[True],
+                  same_tokens=bool(torch.equal(out[True], out[False])),
+                  max_logit_diff=diff, cache_bytes=cache.nbytes())
     print('\n'.join([
-        f"\n{name}, {model.get_num_params():,} params, {n} new tokens after a {c['prompt_tokens']}-token prompt, "
-        f"{dev.device} {dev.dtype}, compile={dev.compile}:",
+        f"\n{name}, {model.get_num_params():,} params, {n} new tokens after a "
+        f"{c['prompt_tokens']}-token prompt, {dev.device} {dev.dtype}, compile={dev.compile}:",
         f"  KV cache:       {result['cached_tokens_per_s']:8.1f} tokens/s",
         f"  recompute all:  {result['uncached_tokens_per_s']:8.1f} tokens/s",
-        f"  speedup {result['speedup']:.1f}x; identical greedy tokens: {result['same_tokens']}; max |logit difference| "
-        f"of cached decoding against one full forward pass: {diff:.2e} (16-bit rounding alone can flip a near tie)",
+        f"  speedup {result['speedup']:.1f}x; identical greedy tokens: {result['same_tokens']}; "
+        f"max |logit difference| of cached decoding against one full forward pass: {diff:.2e} "
+        f"(16-bit rounding alone can flip a near tie)",
         'json: ' + json.dumps(result)]))
     return result
 
@@ -266,18 +276,22 @@ def bench_prepare(c):
             for d in docs:
                 f.write(json.dumps({'text': d}) + '\n')
         t0 = time.perf_counter()
-        meta = prepare.prepare(dict(prepare.DEFAULTS, dataset=src, tokenizer=c['tokenizer'], data_root=root,
-                                    num_proc=c['num_proc'], force=True))
+        meta = prepare.prepare(dict(prepare.DEFAULTS, dataset=src, tokenizer=c['tokenizer'],
+                                    data_root=root, num_proc=c['num_proc'], force=True))
         wall = time.perf_counter() - t0
     total = meta['train_tokens'] + meta['val_tokens']
     assert total == n, (total, n)
-    result = dict(mode='prepare', tokenizer=c['tokenizer'], tokens=total, documents=len(docs), num_proc=c['num_proc'],
-                  tokenizer_tokens_per_s=single, prepare_tokens_per_s=total / wall,
+    result = dict(mode='prepare', tokenizer=c['tokenizer'], tokens=total, documents=len(docs),
+                  num_proc=c['num_proc'], tokenizer_tokens_per_s=single,
+                  prepare_tokens_per_s=total / wall,
                   fraction_of_ideal=total / wall / (single * c['num_proc']))
-    print(f"\npydocs x {c['repeat']} as JSONL, {len(docs):,} documents, {total:,} tokens ({c['tokenizer']}):")
+    print(f"\npydocs x {c['repeat']} as JSONL, {len(docs):,} documents, {total:,} tokens "
+          f"({c['tokenizer']}):")
     print(f"  tokenizer alone, 1 process: {single:12,.0f} tokens/s")
-    print(f"  prepare.py, num_proc={c['num_proc']}:     {result['prepare_tokens_per_s']:12,.0f} tokens/s "
-          f"({100 * result['fraction_of_ideal']:.0f}% of {c['num_proc']} x the tokenizer alone, end to end)")
+    print(f"  prepare.py, num_proc={c['num_proc']}:     "
+          f"{result['prepare_tokens_per_s']:12,.0f} tokens/s "
+          f"({100 * result['fraction_of_ideal']:.0f}% of {c['num_proc']} x the tokenizer alone, "
+          f"end to end)")
     print('json: ' + json.dumps(result))
     return result
 
@@ -287,8 +301,8 @@ def bench_diagnostics(c, dev):
     the training steps between two evaluations, both timed here alternately, medians."""
     torch.manual_seed(c['seed'])
     model = GPT(variant_config(c['variants'].split(',')[0], c), verbose=False).to(dev.device)
-    run = dict(name='', model=model, opt=model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), dev.type), fn=model,
-               times=[], peak=0)
+    opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), dev.type)
+    run = dict(name='', model=model, opt=opt, fn=model, times=[], peak=0)
     x, y = batches(c, dev.device)
     diag = []
     for i in range(c['warmup'] + c['steps']):
@@ -300,11 +314,14 @@ def bench_diagnostics(c, dev):
             model.train()
         sync(dev.device)
         diag.append(time.perf_counter() - t0)
-    step, call = statistics.median(run['times'][c['warmup']:]), statistics.median(diag[c['warmup']:])
-    result = dict(mode='diagnostics', step_ms=step * 1000, diagnostics_ms=call * 1000, eval_interval=c['eval_interval'],
+    step = statistics.median(run['times'][c['warmup']:])
+    call = statistics.median(diag[c['warmup']:])
+    result = dict(mode='diagnostics', step_ms=step * 1000, diagnostics_ms=call * 1000,
+                  eval_interval=c['eval_interval'],
                   overhead=call / (call + c['eval_interval'] * step))
-    print(f"\ndiagnostics: {result['diagnostics_ms']:.1f} ms per evaluation; a training step {result['step_ms']:.1f} ms; "
-          f"at eval_interval {c['eval_interval']}: {100 * result['overhead']:.3f}% of training time")
+    print(f"\ndiagnostics: {result['diagnostics_ms']:.1f} ms per evaluation; a training step "
+          f"{result['step_ms']:.1f} ms; at eval_interval {c['eval_interval']}: "
+          f"{100 * result['overhead']:.3f}% of training time")
     print('json: ' + json.dumps(result))
     return result
 
@@ -315,11 +332,11 @@ def bench_runs(c):
     as the experiment runner starts them. A full run is projected from the parts its log times:
     startup, steps, evaluations on the way and the final one over the whole val split."""
     import subprocess
-    import sys
     import experiment_v3
     base, steps = experiment_v3.base_config(), c['run_steps']
     if steps < 10:
-        raise UserError(f"run_steps must be at least 10 (two untimed steps, then timed ones), got {steps}")
+        raise UserError(f"run_steps must be at least 10 (two untimed steps, then timed ones), "
+                        f"got {steps}")
     layouts = [tuple(int(n) for n in layout.split('x')) for layout in c['layouts'].split(',')]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -328,13 +345,16 @@ def bench_runs(c):
                 procs = []
                 for j in range(jobs):
                     work = os.path.join(tmp, f'{dtype}_{jobs}x{threads}_{j}')
-                    cmd = experiment_v3.command(experiment_v3.Run('baseline', 2e-3, 0.1, 301 + j), base, work)
-                    cmd += [f'--max_iters={steps}', f'--eval_interval={steps // 2}', f'--dtype={dtype}',
+                    run = experiment_v3.Run('baseline', 2e-3, 0.1, 301 + j)
+                    cmd = experiment_v3.command(run, base, work)
+                    cmd += [f'--max_iters={steps}', f'--eval_interval={steps // 2}',
+                            f'--dtype={dtype}',
                             f"--log_interval={max(1, min(base['log_interval'], steps // 5))}",
                             f"--data_root={c['data_root']}"]
                     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
                     procs.append((work, time.time(), subprocess.Popen(
-                        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+                        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        text=True)))
                 runs = [run_timing(work, t0, proc, base) for work, t0, proc in procs]
                 results.append(runs_result(dtype, jobs, threads, runs, base))
     print_runs(results, base, steps)
@@ -342,11 +362,13 @@ def bench_runs(c):
 
 
 def run_timing(work, t0, proc, base):
-    """The parts of one short run's time, from its log, and a full run's time projected from them."""
+    """The parts of one short run's time, from its log, and a full run's time projected from
+    them."""
     _, err = proc.communicate()
     wall = time.time() - t0
     if proc.returncode:
-        raise UserError(f"the timed run failed: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}")
+        why = err.strip().splitlines()[-1] if err.strip() else proc.returncode
+        raise UserError(f"the timed run failed: {why}")
     log = read_jsonl(os.path.join(work, 'log.jsonl'))
     step_s = statistics.median(e['dt_ms'] for e in log if e.get('dt_ms')) / 1000
     evals = [e for e in log if 'eval_s' in e]
@@ -355,24 +377,28 @@ def run_timing(work, t0, proc, base):
     startup = wall - max(e['iter'] for e in log) * step_s - sum(e['eval_s'] for e in evals)
     n_mid = len(range(0, base['max_iters'], base['eval_interval']))
     full = startup + base['max_iters'] * step_s + n_mid * mid + final
-    return dict(step_ms=step_s * 1000, eval_mid_s=mid, eval_final_s=final, startup_s=startup, full_run_s=full)
+    return dict(step_ms=step_s * 1000, eval_mid_s=mid, eval_final_s=final, startup_s=startup,
+                full_run_s=full)
 
 
 def runs_result(dtype, jobs, threads, runs, base):
     mean = lambda key: statistics.mean(r[key] for r in runs)
     return dict(mode='runs', dtype=dtype, jobs=jobs, threads=threads, step_ms=mean('step_ms'),
-                eval_mid_s=mean('eval_mid_s'), eval_final_s=mean('eval_final_s'), startup_s=mean('startup_s'),
-                full_run_s=mean('full_run_s'), runs_per_hour=jobs * 3600 / mean('full_run_s'))
+                eval_mid_s=mean('eval_mid_s'), eval_final_s=mean('eval_final_s'),
+                startup_s=mean('startup_s'), full_run_s=mean('full_run_s'),
+                runs_per_hour=jobs * 3600 / mean('full_run_s'))
 
 
 def print_runs(results, base, steps):
-    print(f"\nexperiment v3's run ({base['max_iters']} steps, an evaluation every {base['eval_interval']}), "
-          f"projected from runs of {steps} steps; {os.cpu_count()} cores")
-    print(f"{'dtype':<10}{'jobs x threads':>15}{'ms/step':>9}{'eval s':>8}{'final eval s':>14}{'startup s':>11}"
-          f"{'run s':>8}{'runs/hour':>11}")
+    print(f"\nexperiment v3's run ({base['max_iters']} steps, an evaluation every "
+          f"{base['eval_interval']}), projected from runs of {steps} steps; "
+          f"{os.cpu_count()} cores")
+    print(f"{'dtype':<10}{'jobs x threads':>15}{'ms/step':>9}{'eval s':>8}{'final eval s':>14}"
+          f"{'startup s':>11}{'run s':>8}{'runs/hour':>11}")
     for r in results:
-        print(f"{r['dtype']:<10}{r['jobs']:>9} x {r['threads']:<3}{r['step_ms']:>9.1f}{r['eval_mid_s']:>8.2f}"
-              f"{r['eval_final_s']:>14.1f}{r['startup_s']:>11.1f}{r['full_run_s']:>8.0f}{r['runs_per_hour']:>11.1f}")
+        print(f"{r['dtype']:<10}{r['jobs']:>9} x {r['threads']:<3}{r['step_ms']:>9.1f}"
+              f"{r['eval_mid_s']:>8.2f}{r['eval_final_s']:>14.1f}{r['startup_s']:>11.1f}"
+              f"{r['full_run_s']:>8.0f}{r['runs_per_hour']:>11.1f}")
     for r in results:
         print('json: ' + json.dumps(r))
 
@@ -384,7 +410,8 @@ def bench_attention(c, dev):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from model import attend, attention_path
     shape = (c['batch_size'], c['n_head'], c['block_size'], c['n_embd'] // c['n_head'])
-    kernels = dict(explicit=('explicit', None), sdpa=('sdpa', None), sdpa_math=('sdpa', SDPBackend.MATH))
+    kernels = dict(explicit=('explicit', None), sdpa=('sdpa', None),
+                   sdpa_math=('sdpa', SDPBackend.MATH))
     if dev.type == 'cpu':
         kernels['sdpa_flash'] = ('sdpa', SDPBackend.FLASH_ATTENTION)
     cases = [(dtype, name) for dtype in (torch.float32, torch.bfloat16) for name in kernels]
@@ -408,11 +435,13 @@ def bench_attention(c, dev):
             auto = attention_path(q)
         for name in kernels:
             results.append(dict(mode='attention', dtype=str(dtype).split('.')[-1], kernel=name,
-                                ms=1000 * statistics.median(times[(dtype, name)]), auto=kernels[name] == (auto, None)))
+                                ms=1000 * statistics.median(times[(dtype, name)]),
+                                auto=kernels[name] == (auto, None)))
     print(f"\nattention fwd+bwd, {shape} (batch, heads, T, head size), {dev.device}, "
           f"median of {c['steps']} alternated")
     for r in results:
-        print(f"{r['dtype']:<10}{r['kernel']:<12}{r['ms']:>8.2f} ms{'  <- auto' if r['auto'] else ''}")
+        auto = '  <- auto' if r['auto'] else ''
+        print(f"{r['dtype']:<10}{r['kernel']:<12}{r['ms']:>8.2f} ms{auto}")
     return results
 
 
@@ -421,15 +450,21 @@ def bench_summary(c):
     appended there (bench_train.jsonl, bench_sample.jsonl) and the train.py run in run_dir."""
     folder = c['json_out']
     if not folder or not os.path.isdir(folder):
-        raise UserError("summary mode needs --json_out=FOLDER holding the JSON lines of the other modes")
-    read = lambda name: read_jsonl(os.path.join(folder, name)) if os.path.exists(os.path.join(folder, name)) else []
-    summary = dict(date=time.strftime('%Y-%m-%d'), train=read('bench_train.jsonl'), sample=read('bench_sample.jsonl'))
+        raise UserError("summary mode needs --json_out=FOLDER holding the JSON lines of the other "
+                        "modes")
+    path = lambda name: os.path.join(folder, name)
+    read = lambda name: read_jsonl(path(name)) if os.path.exists(path(name)) else []
+    summary = dict(date=time.strftime('%Y-%m-%d'), train=read('bench_train.jsonl'),
+                   sample=read('bench_sample.jsonl'))
     if c['run_dir']:
         log = read_jsonl(os.path.join(c['run_dir'], 'log.jsonl'))
         timed = [e for e in log if e.get('dt_ms')]
-        summary['run'] = dict(steps=max(e['iter'] for e in log), final_val_loss=[e for e in log if 'val_loss' in e][-1]['val_loss'],
-                              median_ms_per_step=statistics.median(e['dt_ms'] for e in timed) if timed else None,
-                              median_mfu=statistics.median(e['mfu'] for e in timed) if timed and timed[0]['mfu'] else None)
+        median = lambda key: statistics.median(e[key] for e in timed)
+        summary['run'] = dict(
+            steps=max(e['iter'] for e in log),
+            final_val_loss=[e for e in log if 'val_loss' in e][-1]['val_loss'],
+            median_ms_per_step=median('dt_ms') if timed else None,
+            median_mfu=median('mfu') if timed and timed[0]['mfu'] else None)
     write_json(os.path.join(folder, 'results.json'), summary)
     write_text(os.path.join(folder, 'results.md'), summary_markdown(summary))
     print(summary_markdown(summary))
@@ -437,23 +472,29 @@ def bench_summary(c):
 
 
 def summary_markdown(s):
-    rows = [f"GPU check, {s['date']}", '', '| variant | device | dtype | compile | ms/step | tokens/s | MFU | step time vs baseline '
-            '| FLOP ratio | peak MB |', '|---|---|---|---|---|---|---|---|---|---|']
+    rows = [f"GPU check, {s['date']}", '',
+            '| variant | device | dtype | compile | ms/step | tokens/s | MFU '
+            '| step time vs baseline | FLOP ratio | peak MB |',
+            '|---|---|---|---|---|---|---|---|---|---|']
     base = s['train'][0] if s['train'] else None
     for r in s['train']:
         mfu = f"{100 * r['mfu']:.1f}%" if r['mfu'] is not None else '-'
         peak = f"{r['step_peak_mb']:,.0f}" if r['step_peak_mb'] else '-'
-        rows.append(f"| {r['variant']} | {r['device']} | {r['dtype']} | {r['compile']} | {r['ms_per_step']:.1f} | "
-                    f"{r['tokens_per_s']:,.0f} | {mfu} | {r['ms_per_step'] / base['ms_per_step']:.3f} | "
-                    f"{r['flops_per_token'] / base['flops_per_token']:.3f} | {peak} |")
+        rows.append(f"| {r['variant']} | {r['device']} | {r['dtype']} | {r['compile']} "
+                    f"| {r['ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {mfu} "
+                    f"| {r['ms_per_step'] / base['ms_per_step']:.3f} "
+                    f"| {r['flops_per_token'] / base['flops_per_token']:.3f} | {peak} |")
     for r in s['sample']:
-        rows += ['', f"KV-cache decoding ({r['variant']}, {r['dtype']}, compile={r['compile']}): {r['cached_tokens_per_s']:.1f} "
-                 f"tokens/s against {r['uncached_tokens_per_s']:.1f} recomputing, {r['speedup']:.1f}x; max |logit "
-                 f"difference| {r['max_logit_diff']:.2e}, identical greedy tokens: {r['same_tokens']}"]
+        rows += ['', f"KV-cache decoding ({r['variant']}, {r['dtype']}, compile={r['compile']}): "
+                 f"{r['cached_tokens_per_s']:.1f} tokens/s against "
+                 f"{r['uncached_tokens_per_s']:.1f} recomputing, {r['speedup']:.1f}x; "
+                 f"max |logit difference| {r['max_logit_diff']:.2e}, "
+                 f"identical greedy tokens: {r['same_tokens']}"]
     if 'run' in s:
         r = s['run']
-        rows += ['', f"torchrun training: {r['steps']} steps with a resume, final val loss {r['final_val_loss']:.4f}, "
-                 f"median {r['median_ms_per_step']} ms/step, median MFU {r['median_mfu']}"]
+        rows += ['', f"torchrun training: {r['steps']} steps with a resume, final val loss "
+                 f"{r['final_val_loss']:.4f}, median {r['median_ms_per_step']} ms/step, "
+                 f"median MFU {r['median_mfu']}"]
     return '\n'.join(rows) + '\n'
 
 
@@ -473,11 +514,13 @@ def main(argv=None):
         return bench_summary(c)
     if c['mode'] == 'runs':
         return write_results(c, bench_runs(c))
-    modes = dict(train=bench_train, sample=bench_sample, diagnostics=bench_diagnostics, attention=bench_attention)
+    modes = dict(train=bench_train, sample=bench_sample, diagnostics=bench_diagnostics,
+                 attention=bench_attention)
     if c['mode'] not in modes:
-        raise UserError(f"mode must be one of train, sample, diagnostics, attention, prepare, summary, runs; "
-                        f"got {c['mode']!r}")
-    return write_results(c, modes[c['mode']](c, setup_device(c['device'], c['dtype'], c['compile'])))
+        raise UserError(f"mode must be one of train, sample, diagnostics, attention, prepare, "
+                        f"summary, runs; got {c['mode']!r}")
+    dev = setup_device(c['device'], c['dtype'], c['compile'])
+    return write_results(c, modes[c['mode']](c, dev))
 
 
 if __name__ == '__main__':

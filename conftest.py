@@ -1,4 +1,5 @@
-"""Test environment: offline, with the byte-exact GPT-2 BPE cache when one is laid beside the checkout."""
+"""Test environment: offline, with the byte-exact GPT-2 BPE cache when one is laid beside the
+checkout."""
 import json
 import os
 import tempfile
@@ -23,7 +24,7 @@ if os.environ.get('PYTEST_XDIST_WORKER'):
 
 @pytest.fixture(scope='session')
 def data_root(tmp_path_factory):
-    """A small byte-level dataset 'tiny' (~140k tokens of stdlib docs), prepared once per session."""
+    """A small byte-level dataset 'tiny' (~140k tokens of stdlib docs), prepared once a session."""
     import prepare
     root = tmp_path_factory.mktemp('data')
     docs = root / 'docs.jsonl'
@@ -31,6 +32,6 @@ def data_root(tmp_path_factory):
     with open(docs, 'w') as f:
         for i in range(0, len(text), 2000):
             f.write(json.dumps({'text': text[i:i + 2000]}) + '\n')
-    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='byte', data_root=str(root), num_proc=1,
-                         out_name='tiny'))
+    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='byte', data_root=str(root),
+                         num_proc=1, out_name='tiny'))
     return str(root)

@@ -28,7 +28,8 @@ import math
 
 import torch
 
-from common import UserError, model_from_checkpoint, open_dataset, parse_config, run_main, save_checkpoint
+from common import (UserError, model_from_checkpoint, open_dataset, parse_config, run_main,
+                    save_checkpoint)
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -49,9 +50,9 @@ def exactness(cfg):
         return ("the model has LayerNorm, which does not commute with a change of basis "
                 "(train with norm=False for an exact conversion)")
     if cfg.n_layer > 1 and cfg.mlp_residual and not cfg.share_layers:
-        return (f"{cfg.n_layer} layers with their own W_Q and skip connections around the MLP: one basis of the "
-                "residual stream cannot make every W_Q the identity (theorems 4.2/4.3 need attention-only skips "
-                "or shared weights)")
+        return (f"{cfg.n_layer} layers with their own W_Q and skip connections around the MLP: "
+                "one basis of the residual stream cannot make every W_Q the identity "
+                "(theorems 4.2/4.3 need attention-only skips or shared weights)")
     return None
 
 
@@ -68,8 +69,9 @@ def split_attn(cfg, sd_prefix, sd):
 def check_conditioning(W, layer, max_cond):
     cond = torch.linalg.cond(W).item()
     if not math.isfinite(cond) or cond > max_cond:
-        raise UserError(f"W_Q of layer {layer} is singular or ill-conditioned (condition number {cond:.3g} > "
-                        f"max_cond {max_cond:.3g}): it cannot be inverted reliably, so it is not converted")
+        raise UserError(f"W_Q of layer {layer} is singular or ill-conditioned (condition number "
+                        f"{cond:.3g} > max_cond {max_cond:.3g}): it cannot be inverted reliably, "
+                        "so it is not converted")
     return cond
 
 
@@ -79,20 +81,24 @@ def convert_state(sd, cfg, approximate, max_cond):
     prefixes = [f'transformer.h.{i}.' for i in range(n_blocks)]
     Wqs = [split_attn(cfg, p, sd)[0] for p in prefixes]
     per_layer = not cfg.mlp_residual and not cfg.share_layers
-    # with one basis for every layer only the first W_Q is inverted (the rest, approximate mode, become I)
-    conds = [check_conditioning(W, i, max_cond) for i, W in enumerate(Wqs if per_layer else Wqs[:1])]
+    # with one basis for every layer only the first W_Q is inverted (the rest, approximate mode,
+    # become I)
+    inverted = Wqs if per_layer else Wqs[:1]
+    conds = [check_conditioning(W, i, max_cond) for i, W in enumerate(inverted)]
     # the basis of the stream entering each block, and the one after the last block
     bases = Wqs if per_layer else [Wqs[0]] * n_blocks
     final = torch.eye(cfg.n_embd, dtype=torch.float64) if per_layer else bases[0]
     out = {}
     for i, p in enumerate(prefixes):
         P = bases[i]
-        N = (bases[i + 1] if i + 1 < n_blocks else final) if per_layer else P  # where the MLP writes
+        # where the MLP writes
+        N = (bases[i + 1] if i + 1 < n_blocks else final) if per_layer else P
         Pi = torch.linalg.inv(P)
         Wq, Wk, Wv, bq, bk, bv = split_attn(cfg, p, sd)
         if bq is not None and bq.abs().max() > 0 and not approximate:
-            raise UserError(f"layer {i} has a non-zero query bias: it adds a per-key term to the logits that "
-                            "no identity query can reproduce; use --approximate=True to drop it")
+            raise UserError(f"layer {i} has a non-zero query bias: it adds a per-key term to the "
+                            "logits that no identity query can reproduce; use --approximate=True "
+                            "to drop it")
         out[f'{p}attn.c_attn.weight'] = torch.cat([Pi @ Wk, Pi @ Wv], dim=1).T  # reads the stream
         if bk is not None:
             out[f'{p}attn.c_attn.bias'] = torch.cat([bk, bv])
@@ -147,18 +153,22 @@ def convert(c):
     src, ckpt = model_from_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'), verbose=False)
     cfg = src.config
     if cfg.query != 'linear':
-        raise UserError(f"the checkpoint's query is '{cfg.query}', not a linear W_Q: only a linear query is a change "
-                        "of basis away from the identity; convert a standard model")
+        raise UserError(f"the checkpoint's query is '{cfg.query}', not a linear W_Q: only a linear "
+                        "query is a change of basis away from the identity; convert a standard "
+                        "model")
     if cfg.key_identity or cfg.value_identity:
-        raise UserError("the checkpoint already has an identity attention weight: convert a standard model")
+        raise UserError("the checkpoint already has an identity attention weight: convert a "
+                        "standard model")
     if cfg.qk_norm:
-        raise UserError("the checkpoint has qk_norm: it normalises each head's x W_Q, and with W_Q = I it "
-                        "would normalise raw slices of the residual stream instead, a different function "
-                        "that no change of basis reaches; convert a model trained without qk_norm")
+        raise UserError("the checkpoint has qk_norm: it normalises each head's x W_Q, and with "
+                        "W_Q = I it would normalise raw slices of the residual stream instead, a "
+                        "different function that no change of basis reaches; convert a model "
+                        "trained without qk_norm")
     reason = exactness(cfg)
     if reason and not c['approximate']:
         raise UserError(f"refusing: the conversion would not be exact because {reason}. "
-                        "Pass --approximate=True to write the best-effort conversion and measure its gap")
+                        "Pass --approximate=True to write the best-effort conversion and measure "
+                        "its gap")
     sd64 = {k: v.double() for k, v in src.state_dict().items()}
     new_sd, new_cfg, report = convert_state(sd64, cfg, c['approximate'], c['max_cond'])
     dst = GPT(new_cfg, verbose=False).double()
@@ -173,11 +183,14 @@ def convert(c):
     os.makedirs(out_dir, exist_ok=True)
     result = dict(exact=reason is None, reason=reason, check=where, max_logit_diff_float64=d64[0],
                   max_logit_diff_float32=d32[0], loss_before=d32[1], loss_after=d32[2],
-                  attention_params_before=before['attention'], attention_params_after=after['attention'],
+                  attention_params_before=before['attention'],
+                  attention_params_after=after['attention'],
                   condition_numbers=report['condition_numbers'], untied=report['untied'])
-    save_checkpoint(dict(model=dst.float().state_dict(), model_args=asdict(new_cfg), iter_num=ckpt.get('iter_num', 0),
-                         best_val_loss=float(ckpt.get('best_val_loss', float('inf'))), config=ckpt.get('config', {}),
-                         meta=ckpt.get('meta', {}), converted_from=os.path.abspath(c['in_dir']), conversion=result),
+    save_checkpoint(dict(model=dst.float().state_dict(), model_args=asdict(new_cfg),
+                         iter_num=ckpt.get('iter_num', 0),
+                         best_val_loss=float(ckpt.get('best_val_loss', float('inf'))),
+                         config=ckpt.get('config', {}), meta=ckpt.get('meta', {}),
+                         converted_from=os.path.abspath(c['in_dir']), conversion=result),
                     os.path.join(out_dir, 'ckpt.pt'))
     print_conversion(result, cfg, out_dir)
     return result
@@ -185,14 +198,17 @@ def convert(c):
 
 def print_conversion(r, cfg, out_dir):
     print(f"{'exact' if r['exact'] else 'APPROXIMATE'} conversion, checked on {r['check']}:")
-    print(f"  max |logit difference|: {r['max_logit_diff_float64']:.3e} (float64), {r['max_logit_diff_float32']:.3e} (float32)")
+    print(f"  max |logit difference|: {r['max_logit_diff_float64']:.3e} (float64), "
+          f"{r['max_logit_diff_float32']:.3e} (float32)")
     print(f"  loss: {r['loss_before']:.6f} before, {r['loss_after']:.6f} after")
-    print(f"  attention parameters: {r['attention_params_before']:,} -> {r['attention_params_after']:,} "
-          f"(-{r['attention_params_before'] - r['attention_params_after']:,} = {cfg.n_layer if not cfg.share_layers else 1} x n_embd^2)")
+    saved = r['attention_params_before'] - r['attention_params_after']
+    n_blocks = cfg.n_layer if not cfg.share_layers else 1
+    print(f"  attention parameters: {r['attention_params_before']:,} -> "
+          f"{r['attention_params_after']:,} (-{saved:,} = {n_blocks} x n_embd^2)")
     print(f"  W_Q condition numbers: {', '.join(f'{k:.3g}' for k in r['condition_numbers'])}")
     if r['untied']:
-        print("  note: the LM head was tied to the token embedding; a non-orthogonal change of basis "
-              "unties them (tie_weights=False)")
+        print("  note: the LM head was tied to the token embedding; a non-orthogonal change of "
+              "basis unties them (tie_weights=False)")
     if r['reason']:
         print(f"  why not exact: {r['reason']}")
     print(f"wrote {out_dir}/ckpt.pt")

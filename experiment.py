@@ -1,9 +1,9 @@
 """
 The experiment of docs/experiments.md, as a runner that can be stopped and continued anywhere:
 
-    python experiment.py                     # run what is left, `jobs` at a time; finished runs are skipped
-    python experiment.py --status=True       # what is done, what would run next, what waits on earlier runs
-    python experiment.py --report=True       # rewrite the docs' tables and figures from the committed logs
+    python experiment.py                # run what is left, `jobs` at a time; skip finished runs
+    python experiment.py --status=True  # what is done, what would run next, what waits on others
+    python experiment.py --report=True  # rewrite the docs' tables and figures from committed logs
 
 The design below is the one the docs state. Arms are config files (config/<arm>.py): a run
 takes the model settings an arm's file makes, evaluated at this experiment's geometry, so a
@@ -38,9 +38,9 @@ DEFAULTS = dict(
     report=False,  # only regenerate the docs' tables and figures from experiments/<name>/
     dry=False,  # with the runner: print the commands it would start, start nothing
     root='experiments',  # committed logs: <root>/<name>/<run>/{log.jsonl,config.json}
-    work_root='.',  # runs train in <work_root>/out-<name>/<run>/ (checkpoints, stdout; not committed)
+    work_root='.',  # runs train in <work_root>/out-<name>/<run>/ (checkpoints, stdout; uncommitted)
     docs='docs/experiments.md',  # the write-up whose generated blocks --report rewrites
-    design='v3',  # which experiment the runner and --status work on: 'v3' (current) or 'verdict' (v2)
+    design='v3',  # the experiment the runner and --status work on: 'v3' (current) or 'verdict' (v2)
 )
 
 # -----------------------------------------------------------------------------
@@ -55,9 +55,12 @@ WD_GRID, WD_STEP = (0.0, 2 ** -5, 0.1), 10 ** 0.5
 MAX_EXTENSIONS = 3  # bracket steps outward at most, per search
 TREND_ARMS, TREND_BUDGETS, TREND_SEEDS = ('baseline', 'reduced'), (0.25, 0.5), TEST_SEEDS[:4]
 GEOMETRY_ARMS, GEOMETRY_SEEDS = ('baseline', 'reduced'), TEST_SEEDS[:4]
-GEOMETRY_STD = round(0.02 * math.sqrt(768 / 128), 4)  # sigma * sqrt(d) of GPT-2 small at d = 128: 0.049
-REFINE = (LR_STEP ** -0.5, LR_STEP ** 0.5)  # the LR grid's resolution check: the selected LR over and times sqrt(2)
-MARGIN = 0.3  # % of loss: the smallest effect of interest ("matches" = within it, by two one-sided tests)
+# sigma * sqrt(d) of GPT-2 small at d = 128: 0.049
+GEOMETRY_STD = round(0.02 * math.sqrt(768 / 128), 4)
+# the LR grid's resolution check: the selected LR over and times sqrt(2)
+REFINE = (LR_STEP ** -0.5, LR_STEP ** 0.5)
+# % of loss: the smallest effect of interest ("matches" = within it, by two one-sided tests)
+MARGIN = 0.3
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,9 @@ class Run:
 
     @property
     def name(self):
-        extra = (f"_b{self.budget:g}" if self.budget != 1 else "") + \
-            (f"_std{self.init_std:g}" if self.init_std else "") + (f"_{self.dtype}" if self.dtype else "")
+        extra = ((f"_b{self.budget:g}" if self.budget != 1 else "")
+                 + (f"_std{self.init_std:g}" if self.init_std else "")
+                 + (f"_{self.dtype}" if self.dtype else ""))
         return f"{self.arm}_lr{self.lr:g}_wd{self.wd:g}_s{self.seed}{extra}"
 
 
@@ -91,7 +95,8 @@ def outward(x, grid, step):
 
 def bracket(losses, step):
     """The value to try next so that the best one is interior, or None once it is (or when it sits
-    on 0, the edge of weight decay's domain). losses: {value: final loss}, inf for a diverged run."""
+    on 0, the edge of weight decay's domain). losses: {value: final loss}, inf for a diverged
+    run."""
     best = min(losses, key=losses.get)
     if min(losses) < best < max(losses):
         return None
@@ -136,9 +141,11 @@ def plan(results):
         lr, wd = chosen
         phases['test'] += [Run(arm, lr, wd, s) for s in TEST_SEEDS]
         if arm in TREND_ARMS:
-            phases['trend'] += [Run(arm, lr, wd, s, budget=b) for b in TREND_BUDGETS for s in TREND_SEEDS]
+            phases['trend'] += [Run(arm, lr, wd, s, budget=b)
+                                for b in TREND_BUDGETS for s in TREND_SEEDS]
         if arm in GEOMETRY_ARMS:
-            phases['geometry'] += [Run(arm, lr, wd, s, init_std=GEOMETRY_STD) for s in GEOMETRY_SEEDS]
+            phases['geometry'] += [Run(arm, lr, wd, s, init_std=GEOMETRY_STD)
+                                   for s in GEOMETRY_SEEDS]
         phases['refine'] += [Run(arm, grid_value(lr * f), wd, SELECTION_SEED) for f in REFINE]
     return phases, waiting
 
@@ -151,7 +158,8 @@ def base_config():
 
 
 def arm_settings(arm, base):
-    """The model settings config/<arm>.py makes at the base geometry: the one definition of a variant."""
+    """The model settings config/<arm>.py makes at the base geometry: the one definition of a
+    variant."""
     return variant_settings(arm, base, train.MODEL_KEYS)
 
 
@@ -159,8 +167,9 @@ def run_command(run, base, work, base_files):
     """train.py's command line for a run of any design: its base config files, its arm's model
     settings, and what the run names (LR, weight decay, seed, budget, init std, dtype)."""
     args = [*base_files, *(f'--{k}={v!r}' for k, v in arm_settings(run.arm, base).items()),
-            f'--learning_rate={run.lr!r}', f'--min_lr={run.lr / 10!r}', f'--weight_decay={run.wd!r}',
-            f'--seed={run.seed}', f'--data_seed={run.seed}', f'--out_dir={work}']
+            f'--learning_rate={run.lr!r}', f'--min_lr={run.lr / 10!r}',
+            f'--weight_decay={run.wd!r}', f'--seed={run.seed}', f'--data_seed={run.seed}',
+            f'--out_dir={work}']
     if run.budget != 1:  # the same schedule shape: warmup and horizon scale with the steps
         args += [f"--{k}={max(1, round(base[k] * run.budget))}"
                  for k in ('max_iters', 'warmup_iters', 'lr_decay_iters')]
@@ -227,13 +236,16 @@ def tuning_block(results):
         for r in runs:
             loss = results.get(r.name)
             mark = "**selected**" if chosen == (r.lr, r.wd) else ""
-            rows.append(f"| {arm} | {r.lr:g} | {r.wd:g} | {'-' if loss is None else f'{loss:.4f}'} | {mark} |")
+            cell = '-' if loss is None else f'{loss:.4f}'
+            rows.append(f"| {arm} | {r.lr:g} | {r.wd:g} | {cell} | {mark} |")
         if chosen is not None:
-            lrs, wds = {r.lr for r in runs if r.wd == chosen[1]}, {r.wd for r in runs if r.lr == LR_START}
+            lrs = {r.lr for r in runs if r.wd == chosen[1]}
+            wds = {r.wd for r in runs if r.lr == LR_START}
             edges = [n for n, v, grid in (('LR', chosen[0], lrs), ('weight decay', chosen[1], wds))
                      if v in (min(grid), max(grid)) and v != 0]
             word = 'on the edge: ' + ', '.join(edges) if edges else 'bracketed'
-            rows.append(f"| {arm} | | | | {word}{' (weight decay 0: the edge of its domain)' if chosen[1] == 0 else ''} |")
+            edge = ' (weight decay 0: the edge of its domain)' if chosen[1] == 0 else ''
+            rows.append(f"| {arm} | | | | {word}{edge} |")
     return '\n'.join(rows) + '\n'
 
 
@@ -254,33 +266,42 @@ def verdict_block(results, phases):
         done = sum(results.get(r.name) is not None for runs in test.values() for r in runs)
         return f"Not yet: {done} of {sum(map(len, test.values()))} test runs have finished.\n"
     stats = report.compare([list(g.values()) for g in gap_sets], MARGIN)
-    rows = ["| arm | peak LR | weight decay | full val loss, mean ± sd | paired gap, mean ± sd | interval (level) "
-            "| t p (Holm) | sign-flip p | TOST ±0.3% p (Holm) | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| arm | peak LR | weight decay | full val loss, mean ± sd | paired gap, mean ± sd "
+            "| interval (level) | t p (Holm) | sign-flip p | TOST ±0.3% p (Holm) | verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for arm in ARMS:
         losses = [results[r.name] for r in test[arm]]
         m, sd = report.mean_sd(losses)
-        head = f"| {arm} | {test[arm][0].lr:g} | {test[arm][0].wd:g} | {m:.4f} ± {sd:.4f} ({100 * sd / m:.2f}%) |"
+        head = (f"| {arm} | {test[arm][0].lr:g} | {test[arm][0].wd:g} | {m:.4f} ± {sd:.4f} "
+                f"({100 * sd / m:.2f}%) |")
         if arm == ARMS[0]:
             rows.append(head + " (reference) | | | | | |")
             continue
         s = stats[ARMS.index(arm) - 1]
         flag = " (t and sign-flip disagree at 0.05)" if s['flag'] else ""
         rows.append(f"{head} {pct(s['mean'])} ± {s['sd']:.2f}% | [{pct(s['mean'] - s['half'])}, "
-                    f"{pct(s['mean'] + s['half'])}] ({100 * s['level']:.1f}%) | {fmt_p(s['p_t'])} ({fmt_p(s['p_t_holm'])}) "
-                    f"| {fmt_p(s['p_perm'])} | {fmt_p(s['p_tost'])} ({fmt_p(s['p_tost_holm'])}) | **{s['verdict']}**{flag} |")
+                    f"{pct(s['mean'] + s['half'])}] ({100 * s['level']:.1f}%) "
+                    f"| {fmt_p(s['p_t'])} ({fmt_p(s['p_t_holm'])}) | {fmt_p(s['p_perm'])} "
+                    f"| {fmt_p(s['p_tost'])} ({fmt_p(s['p_tost_holm'])}) "
+                    f"| **{s['verdict']}**{flag} |")
     noise = '; '.join(f"{arm} {stats[i]['mde']:.2f}%" for i, arm in enumerate(ARMS[1:]))
-    return '\n'.join(rows) + (f"\n\nThe smallest gap this noise detects with 80% power (n = {len(TEST_SEEDS)}, at the "
-                              f"level 0.05/{len(ARMS) - 1}): {noise}.\n")
+    return '\n'.join(rows) + (f"\n\nThe smallest gap this noise detects with 80% power "
+                              f"(n = {len(TEST_SEEDS)}, at the level 0.05/{len(ARMS) - 1}): "
+                              f"{noise}.\n")
 
 
 def seed_slopes(results, phases):
-    """Per test seed: [(tokens, gap %)] over the budgets, and the least-squares slope per doubling."""
+    """Per test seed: [(tokens, gap %)] over the budgets, and the least-squares slope per
+    doubling."""
     base = base_config()
-    tokens_full = base['max_iters'] * base['batch_size'] * base['block_size'] * base['gradient_accumulation_steps']
+    tokens_full = (base['max_iters'] * base['batch_size'] * base['block_size']
+                   * base['gradient_accumulation_steps'])
     series = {}
     for b in (*TREND_BUDGETS, 1.0):
-        pick = [r for r in phases['trend'] + phases['test'] if r.budget == b and r.seed in TREND_SEEDS]
-        gaps = gaps_of(results, [r for r in pick if r.arm == TREND_ARMS[0]], [r for r in pick if r.arm == TREND_ARMS[1]])
+        pick = [r for r in phases['trend'] + phases['test']
+                if r.budget == b and r.seed in TREND_SEEDS]
+        gaps = gaps_of(results, [r for r in pick if r.arm == TREND_ARMS[0]],
+                       [r for r in pick if r.arm == TREND_ARMS[1]])
         for seed, g in gaps.items():
             series.setdefault(seed, []).append((round(tokens_full * b), g))
     slopes = {}
@@ -288,7 +309,8 @@ def seed_slopes(results, phases):
         if len(points) == len(TREND_BUDGETS) + 1:
             xs = [math.log2(t) for t, _ in points]
             mx, my = sum(xs) / len(xs), sum(g for _, g in points) / len(points)
-            slopes[seed] = sum((x - mx) * (g - my) for x, (_, g) in zip(xs, points)) / sum((x - mx) ** 2 for x in xs)
+            slopes[seed] = (sum((x - mx) * (g - my) for x, (_, g) in zip(xs, points))
+                            / sum((x - mx) ** 2 for x in xs))
     return series, slopes
 
 
@@ -302,7 +324,8 @@ def trend_block(results, phases):
     series, slopes = seed_slopes(results, phases)
     if len(slopes) < len(TREND_SEEDS):
         return f"Not yet: {len(slopes)} of {len(TREND_SEEDS)} seeds have all three budgets.\n"
-    rows = [f"| tokens | paired gap {TREND_ARMS[1]} − {TREND_ARMS[0]}, mean [95% interval] |", "|---|---|"]
+    rows = [f"| tokens | paired gap {TREND_ARMS[1]} − {TREND_ARMS[0]}, mean [95% interval] |",
+            "|---|---|"]
     for i, (tokens, _) in enumerate(series[TREND_SEEDS[0]]):
         m, lo, hi = interval95([series[s][i][1] for s in TREND_SEEDS])
         rows.append(f"| {tokens:,} | {pct(m)} [{pct(lo)}, {pct(hi)}] |")
@@ -312,38 +335,46 @@ def trend_block(results, phases):
 
 
 def geometry_gaps(results, phases):
-    """{seed: gap %} at init_std GEOMETRY_STD and at the default 0.02 (the test runs), for the geometry seeds."""
+    """{seed: gap %} at init_std GEOMETRY_STD and at the default 0.02 (the test runs), for the
+    geometry seeds."""
     def gaps(runs):
         pick = [r for r in runs if r.seed in GEOMETRY_SEEDS]
-        return gaps_of(results, [r for r in pick if r.arm == GEOMETRY_ARMS[0]], [r for r in pick if r.arm == GEOMETRY_ARMS[1]])
+        return gaps_of(results, [r for r in pick if r.arm == GEOMETRY_ARMS[0]],
+                       [r for r in pick if r.arm == GEOMETRY_ARMS[1]])
     return gaps(phases['geometry']), gaps(phases['test'])
 
 
 def geometry_block(results, phases):
     wide, std = geometry_gaps(results, phases)
     if len(wide) < len(GEOMETRY_SEEDS) or len(std) < len(GEOMETRY_SEEDS):
-        return f"Not yet: {len(wide)} of {len(GEOMETRY_SEEDS)} seeds at init_std {GEOMETRY_STD:g}.\n"
-    rows = [f"| init_std | σ·√d | paired gap {GEOMETRY_ARMS[1]} − {GEOMETRY_ARMS[0]}, mean [95% interval] |", "|---|---|---|"]
+        return (f"Not yet: {len(wide)} of {len(GEOMETRY_SEEDS)} seeds at init_std "
+                f"{GEOMETRY_STD:g}.\n")
+    rows = [f"| init_std | σ·√d | paired gap {GEOMETRY_ARMS[1]} − {GEOMETRY_ARMS[0]}, "
+            "mean [95% interval] |", "|---|---|---|"]
     for std_value, gaps in ((0.02, std), (GEOMETRY_STD, wide)):
         m, lo, hi = interval95(list(gaps.values()))
-        rows.append(f"| {std_value:g} | {std_value * 128 ** 0.5:.2f} | {pct(m)} [{pct(lo)}, {pct(hi)}] |")
+        rows.append(f"| {std_value:g} | {std_value * 128 ** 0.5:.2f} "
+                    f"| {pct(m)} [{pct(lo)}, {pct(hi)}] |")
     m, lo, hi = interval95([wide[s] - std[s] for s in GEOMETRY_SEEDS])
-    word = "depends on the init geometry" if lo > 0 or hi < 0 else "no dependence on the init geometry detected"
+    word = ("depends on the init geometry" if lo > 0 or hi < 0
+            else "no dependence on the init geometry detected")
     rows.append(f"| difference | | {pct(m)} [{pct(lo)}, {pct(hi)}]: **{word}** |")
     return '\n'.join(rows) + '\n\n![the paired gap at two init geometries](assets/geometry.png)\n'
 
 
 def refine_block(results, phases):
-    """The LR grid's resolution: each arm at its selected LR and its two sqrt(2) neighbours, seed 100."""
+    """The LR grid's resolution: each arm at its selected LR and its two sqrt(2) neighbours, seed
+    100."""
     done = [r for r in phases['refine'] if r.name in results]
     if not phases['refine'] or len(done) < len(phases['refine']):
         return f"Not yet: {len(done)} of {len(REFINE) * len(ARMS)} runs have finished.\n"
-    rows = ["| arm | weight decay | loss at LR ÷√2, selected, ×√2 | best on the finer grid | gain | "
-            f"gap to {ARMS[0]}: selected → finer best |", "|---|---|---|---|---|---|"]
+    rows = ["| arm | weight decay | loss at LR ÷√2, selected, ×√2 | best on the finer grid "
+            f"| gain | gap to {ARMS[0]}: selected → finer best |", "|---|---|---|---|---|---|"]
     best, moved = {}, []
     for arm in ARMS:
         lr, wd = tune(arm, results)[1]
-        runs = sorted([Run(arm, lr, wd, SELECTION_SEED)] + [r for r in phases['refine'] if r.arm == arm], key=lambda r: r.lr)
+        runs = sorted([Run(arm, lr, wd, SELECTION_SEED)]
+                      + [r for r in phases['refine'] if r.arm == arm], key=lambda r: r.lr)
         losses = {r.lr: results[r.name] for r in runs}
         top = min(losses, key=losses.get)
         best[arm] = (losses[lr], losses[top])
@@ -353,7 +384,8 @@ def refine_block(results, phases):
             pct(100 * (best[arm][i] - best[ARMS[0]][i]) / best[ARMS[0]][i]) for i in (0, 1))
         rows.append(f"| {arm} | {wd:g} | " + ', '.join(f"{v:g}: {losses[v]:.4f}" for v in losses) +
                     f" | {top:g} | {pct(100 * (losses[top] - losses[lr]) / losses[lr])} | {gaps} |")
-    verdict = (f"**grid-sensitive**: {', '.join(moved)}" if moved else "no arm's best moves on the finer grid")
+    verdict = (f"**grid-sensitive**: {', '.join(moved)}" if moved
+               else "no arm's best moves on the finer grid")
     return '\n'.join(rows) + f"\n\n{verdict}.\n"
 
 
@@ -366,11 +398,13 @@ def figures(root, results, phases, folder):
             ax.plot(*zip(*series[seed]), color='grey', alpha=0.5, lw=0.8, marker='.')
         points = list(zip(*[series[s] for s in TREND_SEEDS]))
         stats = [interval95([g for _, g in p]) for p in points]
-        ax.errorbar([p[0][0] for p in points], [m for m, _, _ in stats], yerr=[[m - lo for m, lo, _ in stats],
-                    [hi - m for m, _, hi in stats]], color=report.variant_color(TREND_ARMS[1]), marker='o', capsize=4,
+        ax.errorbar([p[0][0] for p in points], [m for m, _, _ in stats],
+                    yerr=[[m - lo for m, lo, _ in stats], [hi - m for m, _, hi in stats]],
+                    color=report.variant_color(TREND_ARMS[1]), marker='o', capsize=4,
                     label="mean over seeds, 95% interval (grey: each seed)")
         ax.axhline(0, color='black', lw=0.8)
-        ax.set(xscale='log', xlabel='tokens', ylabel=f'{TREND_ARMS[1]} − {TREND_ARMS[0]} (% of val loss)',
+        ax.set(xscale='log', xlabel='tokens',
+               ylabel=f'{TREND_ARMS[1]} − {TREND_ARMS[0]} (% of val loss)',
                title='paired gap against the budget')
         ax.legend(fontsize=8)
         report.save_figure(fig, os.path.join(folder, 'trend.png'))
@@ -378,14 +412,17 @@ def figures(root, results, phases, folder):
     if len(wide) == len(std) == len(GEOMETRY_SEEDS):
         fig, ax = report.pyplot().subplots(figsize=(6, 4.5))
         for i, seed in enumerate(GEOMETRY_SEEDS):
-            ax.plot([0.02, GEOMETRY_STD], [std[seed], wide[seed]], color=report.variant_color(GEOMETRY_ARMS[1]),
-                    marker='o', alpha=0.7, label=None if i else f"one line per test seed ({len(GEOMETRY_SEEDS)})")
+            ax.plot([0.02, GEOMETRY_STD], [std[seed], wide[seed]],
+                    color=report.variant_color(GEOMETRY_ARMS[1]), marker='o', alpha=0.7,
+                    label=None if i else f"one line per test seed ({len(GEOMETRY_SEEDS)})")
         ax.axhline(0, color='black', lw=0.8)
-        ax.set(xticks=[0.02, GEOMETRY_STD], xlabel='init_std', ylabel=f'{GEOMETRY_ARMS[1]} − {GEOMETRY_ARMS[0]} (%)',
+        ax.set(xticks=[0.02, GEOMETRY_STD], xlabel='init_std',
+               ylabel=f'{GEOMETRY_ARMS[1]} − {GEOMETRY_ARMS[0]} (%)',
                title='paired gap at two init geometries')
         ax.legend(fontsize=8)
         report.save_figure(fig, os.path.join(folder, 'geometry.png'))
-    diag = [os.path.join(root, NAME, r.name) for r in phases['test'] if r.seed == TEST_SEEDS[0] and r.name in results]
+    diag = [os.path.join(root, NAME, r.name) for r in phases['test']
+            if r.seed == TEST_SEEDS[0] and r.name in results]
     if len(diag) == len(ARMS):
         report.plot_diagnostics([dict(report.read_run(d), name=os.path.basename(d)) for d in diag],
                                 os.path.join(folder, 'diagnostics.png'))
@@ -394,8 +431,10 @@ def figures(root, results, phases, folder):
 def diagnostics_block(results, phases):
     done = [r for r in phases['test'] if r.seed == TEST_SEEDS[0] and r.name in results]
     if len(done) < len(ARMS):
-        return f"Not yet: {len(done)} of {len(ARMS)} arms have finished test seed {TEST_SEEDS[0]}.\n"
-    return (f"Test seed {TEST_SEEDS[0]}, every arm at its selected settings (one line per layer, darker = deeper):\n\n"
+        return (f"Not yet: {len(done)} of {len(ARMS)} arms have finished test seed "
+                f"{TEST_SEEDS[0]}.\n")
+    return (f"Test seed {TEST_SEEDS[0]}, every arm at its selected settings (one line per layer, "
+            "darker = deeper):\n\n"
             "![attention and weight diagnostics](assets/diagnostics.png)\n")
 
 
@@ -405,7 +444,8 @@ def blocks(root):
     phases, _ = plan(results)
     return dict(tuning=tuning_block(results), verdict=verdict_block(results, phases),
                 trend=trend_block(results, phases), geometry=geometry_block(results, phases),
-                refine=refine_block(results, phases), diagnostics=diagnostics_block(results, phases))
+                refine=refine_block(results, phases),
+                diagnostics=diagnostics_block(results, phases))
 
 
 def write_figures(root, folder):
@@ -425,7 +465,8 @@ def pilot_block(root):
     seeds = sorted({int(n.rsplit('_s', 1)[1]) for n in runs})
     if not runs:
         return "Not yet: no pilot run is committed.\n"
-    rows = ["| arm | seed | learned positions | RoPE + QK-norm | modern − plain |", "|---|---|---|---|---|"]
+    rows = ["| arm | seed | learned positions | RoPE + QK-norm | modern − plain |",
+            "|---|---|---|---|---|"]
     fmt = lambda x: '-' if x is None else f"{x:.4f}"
     for arm in ('baseline', 'reduced'):
         for s in seeds:
@@ -454,7 +495,8 @@ def fill(text, made):
 
 def write_report(c):
     if not os.path.isfile(c['docs']):
-        raise UserError(f"{c['docs']} not found: --docs names the write-up whose generated blocks are rewritten")
+        raise UserError(f"{c['docs']} not found: --docs names the write-up whose generated blocks "
+                        "are rewritten")
     with open(c['docs']) as f:
         text = f.read()
     made = all_blocks(c['root'])
@@ -491,7 +533,8 @@ def start(run, c, base, d):
     os.makedirs(work, exist_ok=True)
     cmd = d.command(run, base, work)
     print(f"{time.strftime('%H:%M:%S')} start {run.name}", flush=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(c['threads'] or max(1, (os.cpu_count() or 1) // c['jobs'])))
+    threads = c['threads'] or max(1, (os.cpu_count() or 1) // c['jobs'])
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     out = open(os.path.join(work, 'stdout.txt'), 'a')
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env), work, out
 
@@ -501,8 +544,8 @@ def finish(run, proc, work, out, root, d):
     out.close()
     state = commit_run(work, os.path.join(root, d.NAME, run.name), error)
     tail = error.strip().splitlines()[-1] if error.strip() else f"exit code {proc.returncode}"
-    print(f"{time.strftime('%H:%M:%S')} {state or 'stopped'} {run.name}" + ("" if state == 'finished' else f": {tail}"),
-          flush=True)
+    why = "" if state == 'finished' else f": {tail}"
+    print(f"{time.strftime('%H:%M:%S')} {state or 'stopped'} {run.name}{why}", flush=True)
     return state
 
 
@@ -558,12 +601,14 @@ def status(c, d):
         done = sum(r.name in results for r in dict.fromkeys(runs))
         print(f"{phase}: {done} of {len(set(runs))} named runs done")
     if waiting:
-        print(f"waiting on tuning: {', '.join(waiting)} (their later phases are named once it ends)")
-    print(f"to run now: {len(todo)}" + ("" if todo else " (nothing left to run)" if not waiting else ""))
+        print(f"waiting on tuning: {', '.join(waiting)} (their later phases are named once it "
+              "ends)")
+    print(f"to run now: {len(todo)}"
+          + ("" if todo else " (nothing left to run)" if not waiting else ""))
     for run in todo:
+        work = os.path.join(c['work_root'], f'out-{d.NAME}', run.name)
         print(f"  {run.name}" + ("" if not c['dry'] else
-                                 "\n    " + ' '.join(d.command(run, base, os.path.join(c['work_root'], f'out-{d.NAME}',
-                                                                                        run.name))[1:])))
+                                 "\n    " + ' '.join(d.command(run, base, work)[1:])))
     return todo
 
 
@@ -573,7 +618,8 @@ def lock(root):
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise UserError(f"another experiment.py is running on {root}: wait for it or stop it") from None
+        raise UserError(f"another experiment.py is running on {root}: wait for it or stop "
+                        "it") from None
     return f
 
 

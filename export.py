@@ -7,8 +7,9 @@ harnesses, inference servers and llama.cpp converters:
 
 Every model GPT-2's format can hold is exactly a GPT-2: W_Q = I is written out as an identity
 matrix (so an exported reduced model gives up its 7M-parameter saving at inference), a softmax
-scale other than 1/sqrt(hd) is folded into the query weights (s q.k = (1/sqrt(hd)) (s sqrt(hd) q).k),
-missing biases are zeros, the wider MLP is GPT-2's n_inner and untied heads set
+scale other than 1/sqrt(hd) is folded into the query weights
+(s q.k = (1/sqrt(hd)) (s sqrt(hd) q).k), missing biases are zeros, the wider MLP is GPT-2's
+n_inner and untied heads set
 tie_word_embeddings=False. The export is checked against kvgpt's logits before it is moved
 into place. What GPT-2 cannot express is refused with the reason; the checkpoint is only read.
 """
@@ -26,17 +27,21 @@ DEFAULTS = dict(
     seed=1337,  # the random tokens of the check
 )
 HF_ACTIVATION = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}
-GPT2_BPE = 'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/'  # tiktoken's cache key
+# tiktoken's cache key
+GPT2_BPE = 'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/'
 
 
 def refusal(cfg, tokenizer):
     """None when GPT-2's format holds this model exactly, else the reason it does not."""
     if cfg.query not in ('linear', 'identity'):
-        return f"its query is '{cfg.query}', not a matrix: GPT-2's attention has a linear query only"
+        return (f"its query is '{cfg.query}', not a matrix: GPT-2's attention has a linear "
+                "query only")
     if cfg.n_kv_head != cfg.n_head:
-        return f"it uses grouped-query attention ({cfg.n_kv_head} K/V heads for {cfg.n_head}); GPT-2 has one per head"
+        return (f"it uses grouped-query attention ({cfg.n_kv_head} K/V heads for "
+                f"{cfg.n_head}); GPT-2 has one per head")
     if not cfg.norm or not cfg.mlp_residual:
-        return "it uses the paper's theoretical block (no LayerNorm or no MLP skip); GPT-2's block has both"
+        return ("it uses the paper's theoretical block (no LayerNorm or no MLP skip); GPT-2's "
+                "block has both")
     if cfg.share_layers:
         return "its layers share one block's weights; GPT-2 stores every layer's own"
     if cfg.pos != 'learned':
@@ -44,21 +49,24 @@ def refusal(cfg, tokenizer):
     if cfg.qk_norm:
         return "it normalises q and k per head (qk_norm); GPT-2's attention has no such norm"
     if tokenizer != 'gpt2':
-        return f"its tokenizer is '{tokenizer}', which has no GPT-2 tokenizer to ship with it (train on --tokenizer=gpt2 data)"
+        return (f"its tokenizer is '{tokenizer}', which has no GPT-2 tokenizer to ship with it "
+                "(train on --tokenizer=gpt2 data)")
     return None
 
 
 def hf_state_dict(model):
     """kvgpt's weights in GPT2LMHeadModel's names and Conv1D (in, out) layout."""
     cfg, C = model.config, model.config.n_embd
-    q_fold = cfg.scale * cfg.head_dim ** 0.5  # 1 for the standard scale, 1/2 for the paper's halved one
+    # 1 for the standard scale, 1/2 for the paper's halved one
+    q_fold = cfg.scale * cfg.head_dim ** 0.5
     sd, out = model.state_dict(), {}
     eye = torch.eye(C)
     for i in range(cfg.n_layer):
         p = f'transformer.h.{i}.'
         attn = model.transformer.h[i].attn
-        parts = list(sd[p + 'attn.c_attn.weight'].split([attn.q_dim, attn.k_dim, attn.v_dim]))
-        biases = list(sd[p + 'attn.c_attn.bias'].split([attn.q_dim, attn.k_dim, attn.v_dim])) if cfg.bias else [None] * 3
+        sizes = [attn.q_dim, attn.k_dim, attn.v_dim]
+        parts = list(sd[p + 'attn.c_attn.weight'].split(sizes))
+        biases = list(sd[p + 'attn.c_attn.bias'].split(sizes)) if cfg.bias else [None] * 3
         for j in range(3):
             if parts[j].numel() == 0:  # the identity weight, written out; its bias is zero
                 parts[j], biases[j] = eye.clone(), None
@@ -73,7 +81,8 @@ def hf_state_dict(model):
         for name in ('ln_1', 'ln_2'):
             out[p + name + '.weight'] = sd[p + name + '.weight']
             out[p + name + '.bias'] = sd.get(p + name + '.bias', torch.zeros(C))
-    for name in ('transformer.wte.weight', 'transformer.wpe.weight', 'lm_head.weight', 'transformer.ln_f.weight'):
+    for name in ('transformer.wte.weight', 'transformer.wpe.weight', 'lm_head.weight',
+                 'transformer.ln_f.weight'):
         out[name] = sd[name]
     out['transformer.ln_f.bias'] = sd.get('transformer.ln_f.bias', torch.zeros(C))
     return {k: v.contiguous().float() for k, v in out.items()}
@@ -83,17 +92,20 @@ def hf_model(model):
     try:
         import transformers
     except ImportError:
-        raise UserError("the export needs transformers: `pip install transformers safetensors`") from None
+        raise UserError("the export needs transformers: "
+                        "`pip install transformers safetensors`") from None
     cfg = model.config
     config = transformers.GPT2Config(
-        vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
-        n_head=cfg.n_head, n_inner=cfg.mlp_hidden, activation_function=HF_ACTIVATION[cfg.activation],
+        vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=cfg.mlp_hidden,
+        activation_function=HF_ACTIVATION[cfg.activation],
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
         tie_word_embeddings=cfg.tie_weights, bos_token_id=50256, eos_token_id=50256)
     hf = transformers.GPT2LMHeadModel(config)
     missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
     if unexpected or [k for k in missing if not k.endswith(('.attn.bias', '.attn.masked_bias'))]:
-        raise UserError(f"internal: the GPT-2 layout did not match (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise UserError(f"internal: the GPT-2 layout did not match (missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]})")
     return hf.eval()
 
 
@@ -106,14 +118,15 @@ def write_tokenizer(folder, block_size):
         files = {'vocab.json': read_file_cached(GPT2_BPE + 'encoder.json'),
                  'merges.txt': read_file_cached(GPT2_BPE + 'vocab.bpe')}
     except Exception as e:
-        raise UserError(f"cannot read GPT-2's BPE files ({type(e).__name__}): set TIKTOKEN_CACHE_DIR to tiktoken's "
-                        "cache, or connect once") from None
+        raise UserError(f"cannot read GPT-2's BPE files ({type(e).__name__}): set "
+                        "TIKTOKEN_CACHE_DIR to tiktoken's cache, or connect once") from None
     for name, data in files.items():
         with open(os.path.join(folder, name), 'wb') as f:
             f.write(data)
     with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as f:
-        json.dump(dict(tokenizer_class='GPT2Tokenizer', model_max_length=block_size, bos_token='<|endoftext|>',
-                       eos_token='<|endoftext|>', unk_token='<|endoftext|>', add_prefix_space=False), f, indent=2)
+        json.dump(dict(tokenizer_class='GPT2Tokenizer', model_max_length=block_size,
+                       bos_token='<|endoftext|>', eos_token='<|endoftext|>',
+                       unk_token='<|endoftext|>', add_prefix_space=False), f, indent=2)
 
 
 @torch.no_grad()
@@ -135,7 +148,8 @@ def export(c):
     hf = hf_model(model)
     diff = max_logit_diff(model, hf, c)
     if diff > 1e-4:
-        raise UserError(f"internal: the exported model's logits differ from kvgpt's by {diff:.3g}; nothing was written")
+        raise UserError(f"internal: the exported model's logits differ from kvgpt's by "
+                        f"{diff:.3g}; nothing was written")
     out_dir = c['out_dir'] or c['in_dir'].rstrip('/') + '-hf'
     tmp = out_dir.rstrip('/') + '.tmp'
     shutil.rmtree(tmp, ignore_errors=True)
@@ -144,7 +158,8 @@ def export(c):
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)  # complete before it appears under its name
     identity = ', W_Q = I written out' if model.config.query == 'identity' else ''
-    print(f"wrote {out_dir}: GPT2LMHeadModel, {sum(p.numel() for p in hf.parameters()):,} parameters{identity}; "
+    params = sum(p.numel() for p in hf.parameters())
+    print(f"wrote {out_dir}: GPT2LMHeadModel, {params:,} parameters{identity}; "
           f"max |logit difference| against kvgpt {diff:.2e}")
     return dict(out_dir=out_dir, max_logit_diff=diff)
 

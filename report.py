@@ -24,24 +24,27 @@ import sys
 
 import torch
 
-from common import (UserError, atomic_write, load_checkpoint, parse_config, read_json, read_jsonl, run_main, variants,
-                    write_text)
+from common import (UserError, atomic_write, load_checkpoint, parse_config, read_json, read_jsonl,
+                    run_main, variants, write_text)
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
     png=None,  # loss curves (with sweep=True: final val loss against weight decay); None: no plot
     md=None,  # where to write the markdown tables; they are printed either way
     gap_png=None,  # the paired relative gap of each variant to the first, against tokens
-    diag_png=None,  # the diagnostics of every run (attention logit std, entropy, q/k RMS, weight norms)
+    diag_png=None,  # every run's diagnostics (attention logit std, entropy, q/k RMS, weight norms)
     sweep=False,  # runs named <arm>_wd<lambda>_s<seed>: final val loss per arm and weight decay
     smooth=0.9,  # exponential smoothing of the per-step train loss in the plot
     best=False,  # only print the run directory with the lowest final val loss
 )
-QUERY_LABEL = dict(linear='full attention', identity='W_Q=I', residual='q=x+xW_Q', residual_gelu='q=x+GELU(xW_Q)',
-                   nonlinear='nonlinear q')
-BANDS = [(0.0, 'equal'), (0.1, '+-0.1%'), (-0.1, None), (-0.35, '-0.35%')]  # the authors' reference bands
-DEFAULT_GEOMETRY = {k: v for k, v in GPTConfig().__dict__.items()}  # what variant files are read against
-MARGIN = 0.3  # % of loss: the smallest effect of interest; "matches" means within it (docs/experiments.md)
+QUERY_LABEL = dict(linear='full attention', identity='W_Q=I', residual='q=x+xW_Q',
+                   residual_gelu='q=x+GELU(xW_Q)', nonlinear='nonlinear q')
+# the authors' reference bands
+BANDS = [(0.0, 'equal'), (0.1, '+-0.1%'), (-0.1, None), (-0.35, '-0.35%')]
+# what variant files are read against
+DEFAULT_GEOMETRY = {k: v for k, v in GPTConfig().__dict__.items()}
+# % of loss: the smallest effect of interest; "matches" means within it (docs/experiments.md)
+MARGIN = 0.3
 ALPHA = 0.05
 
 
@@ -54,7 +57,8 @@ def read_run(out_dir):
     evals = [e for e in log if 'val_loss' in e]
     if not evals:
         raise UserError(f"{out_dir} has no evaluation yet: nothing to compare")
-    model_args = config.get('model_args') or load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), mmap=True)['model_args']
+    model_args = (config.get('model_args')
+                  or load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), mmap=True)['model_args'])
     with torch.device('meta'):  # runs from before config.json held model_args: from the checkpoint
         model = GPT(GPTConfig.from_dict(model_args), verbose=False)
     name = os.path.basename(os.path.normpath(out_dir))
@@ -64,7 +68,8 @@ def read_run(out_dir):
 
 
 def describe(cfg, config):
-    kind = 'W_K=I' if cfg.key_identity else 'W_V=I' if cfg.value_identity else QUERY_LABEL[cfg.query]
+    kind = ('W_K=I' if cfg.key_identity else 'W_V=I' if cfg.value_identity
+            else QUERY_LABEL[cfg.query])
     return f"{kind}, d={cfg.n_embd}, mlp={cfg.mlp_hidden}, wd={config['weight_decay']:g}"
 
 
@@ -80,12 +85,13 @@ def final(run):
 
 def table(runs):
     ref = final(runs[0])
-    rows = ["| run | variant | params | tokens | final val loss | best val loss | vs first | tokens/s (median) |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | variant | params | tokens | final val loss | best val loss | vs first "
+            "| tokens/s (median) |", "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         speeds = [e['tokens_per_s'] for e in r['steps'] if e.get('tokens_per_s')]
         speed = f"{statistics.median(speeds):,.0f}" if speeds else "-"
-        rows.append(f"| {r['name']} | {r['describe']} | {fmt_params(r['params'])} | {r['evals'][-1]['tokens']:,} | "
+        rows.append(f"| {r['name']} | {r['describe']} | {fmt_params(r['params'])} "
+                    f"| {r['evals'][-1]['tokens']:,} | "
                     f"{final(r):.4f} | {min(e['val_loss'] for e in r['evals']):.4f} | "
                     f"{100 * (final(r) - ref) / ref:+.2f}% | {speed} |")
     return '\n'.join(rows) + '\n'
@@ -103,9 +109,12 @@ def group_runs(runs):
 
 
 def paired_gaps(ref_runs, runs, at=None):
-    """{seed: 100 (L - L_ref) / L_ref} for the seeds both have, at eval step `at` (None: the last)."""
+    """{seed: 100 (L - L_ref) / L_ref} for the seeds both have, at eval step `at` (None: the
+    last)."""
     def loss(r):
-        return final(r) if at is None else next((e['val_loss'] for e in r['evals'] if e['iter'] == at), None)
+        if at is None:
+            return final(r)
+        return next((e['val_loss'] for e in r['evals'] if e['iter'] == at), None)
     ref = {r['config']['seed']: loss(r) for r in ref_runs}
     gaps = {}
     for r in runs:
@@ -125,12 +134,14 @@ def mean_sd(values):
 # permutation test, two one-sided tests for equivalence, and Holm's correction
 
 def betainc(a, b, x):
-    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified Lentz)."""
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified
+    Lentz)."""
     if x <= 0 or x >= 1:
         return float(x >= 1)
     if x > (a + 1) / (a + b + 2):  # the fraction converges fast below this point: use the symmetry
         return 1 - betainc(b, a, 1 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x)) / a
     tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
     for i in range(400):
         m = i // 2
@@ -174,7 +185,8 @@ def sign_flip_p(gaps):
 
 
 def tost_p(gaps, margin):
-    """Two one-sided t tests that the mean gap lies within +-margin: the larger of their p values."""
+    """Two one-sided t tests that the mean gap lies within +-margin: the larger of their p
+    values."""
     mean, sd = mean_sd(gaps)
     se, df = sd / len(gaps) ** 0.5, len(gaps) - 1
     return max(1 - t_cdf((mean + margin) / se, df), t_cdf((mean - margin) / se, df))
@@ -191,9 +203,9 @@ def holm(pvalues):
 
 
 def compare(gap_sets, margin=MARGIN, alpha=ALPHA):
-    """The decision rule of docs/experiments.md for each comparison's paired gaps (%), Holm-corrected
-    across them: a dict per comparison with the mean, sd, t p, permutation p, TOST p, their Holm
-    adjustments, the interval at the comparison's Holm level, and the verdict."""
+    """The decision rule of docs/experiments.md for each comparison's paired gaps (%),
+    Holm-corrected across them: a dict per comparison with the mean, sd, t p, permutation p, TOST
+    p, their Holm adjustments, the interval at the comparison's Holm level, and the verdict."""
     out = []
     for gaps in gap_sets:
         mean, sd = mean_sd(gaps)
@@ -202,7 +214,8 @@ def compare(gap_sets, margin=MARGIN, alpha=ALPHA):
             p_t, p_tost = 2 * (1 - t_cdf(abs(mean) / se, df)), tost_p(gaps, margin)
         else:  # one seed is no evidence; identical gaps are certainty
             p_t, p_tost = (1.0, 1.0) if df == 0 else (float(mean == 0), float(abs(mean) >= margin))
-        out.append(dict(n=len(gaps), mean=mean, sd=sd, se=se, p_t=p_t, p_perm=sign_flip_p(gaps), p_tost=p_tost))
+        out.append(dict(n=len(gaps), mean=mean, sd=sd, se=se, p_t=p_t, p_perm=sign_flip_p(gaps),
+                        p_tost=p_tost))
     for key in ('p_t', 'p_tost'):
         for r, adjusted in zip(out, holm([r[key] for r in out])):
             r[key + '_holm'] = adjusted
@@ -210,13 +223,15 @@ def compare(gap_sets, margin=MARGIN, alpha=ALPHA):
     for step, i in enumerate(by_p):  # the level at which Holm tests comparison i
         r = out[i]
         r['level'] = 1 - alpha / (len(out) - step)
-        r['half'] = t_quantile(1 - (1 - r['level']) / 2, r['n'] - 1) * r['se'] if r['n'] > 1 else float('nan')
+        r['half'] = (t_quantile(1 - (1 - r['level']) / 2, r['n'] - 1) * r['se']
+                     if r['n'] > 1 else float('nan'))
         r['verdict'] = ('worse' if r['mean'] > 0 else 'better') if r['p_t_holm'] < alpha else \
             'matches' if r['p_tost_holm'] < alpha else 'could not tell'
         r['flag'] = (r['p_t'] < alpha) != (r['p_perm'] < alpha)
-        # the smallest gap this noise detects with 80% power at Holm's strictest level (a t approximation)
-        r['mde'] = (t_quantile(1 - alpha / len(out) / 2, r['n'] - 1) + t_quantile(0.8, r['n'] - 1)) * r['se'] \
-            if r['n'] > 1 else float('nan')
+        # the smallest gap this noise detects with 80% power at Holm's strictest level (a t
+        # approximation)
+        r['mde'] = ((t_quantile(1 - alpha / len(out) / 2, r['n'] - 1)
+                     + t_quantile(0.8, r['n'] - 1)) * r['se'] if r['n'] > 1 else float('nan'))
     return out
 
 
@@ -225,8 +240,10 @@ def aggregate_table(groups):
     across the table's comparisons, equivalence within +-MARGIN %)."""
     (ref_name, ref_runs), others = next(iter(groups.items())), list(groups.items())[1:]
     stats = compare([list(paired_gaps(ref_runs, runs).values()) for _, runs in others])
-    rows = [f"| variant | weight decay | seeds | final val loss (mean +- sd) | paired gap to {ref_name} (mean +- sd) "
-            "| interval (Holm level) | p (Holm) | verdict |", "|---|---|---|---|---|---|---|---|"]
+    rows = [f"| variant | weight decay | seeds | final val loss (mean +- sd) "
+            f"| paired gap to {ref_name} (mean +- sd) | interval (Holm level) | p (Holm) "
+            "| verdict |",
+            "|---|---|---|---|---|---|---|---|"]
     for i, (name, runs) in enumerate(groups.items()):
         mean, sd = mean_sd(final(r) for r in runs)
         wd = ', '.join(sorted({f"{r['config']['weight_decay']:g}" for r in runs}))
@@ -236,8 +253,8 @@ def aggregate_table(groups):
             continue
         s = stats[i - 1]
         rows.append(f"{head} {s['mean']:+.2f}% +- {s['sd']:.2f}% | [{s['mean'] - s['half']:+.2f}%, "
-                    f"{s['mean'] + s['half']:+.2f}%] ({100 * s['level']:.1f}%) | {s['p_t']:.3f} ({s['p_t_holm']:.3f}) | "
-                    f"{s['verdict']} |")
+                    f"{s['mean'] + s['half']:+.2f}%] ({100 * s['level']:.1f}%) "
+                    f"| {s['p_t']:.3f} ({s['p_t_holm']:.3f}) | {s['verdict']} |")
     return '\n'.join(rows) + '\n'
 
 
@@ -252,11 +269,13 @@ def sweep_table(runs):
         row = [f"{wd:g}"]
         for arm in arms:
             r = cells.get((arm, wd))
-            gap = f" ({100 * (final(r) - final(ref)) / final(ref):+.2f}%)" if r and ref and arm != arms[0] else ""
+            paired = r and ref and arm != arms[0]
+            gap = f" ({100 * (final(r) - final(ref)) / final(ref):+.2f}%)" if paired else ""
             row.append(f"{final(r):.4f}{gap}" if r else "-")
         rows.append("| " + " | ".join(row) + " |")
     best = {arm: min((r for (a, _), r in cells.items() if a == arm), key=final) for arm in arms}
-    rows.append("| best | " + " | ".join(f"{best[a]['config']['weight_decay']:g}" for a in arms) + " |")
+    rows.append("| best | " + " | ".join(f"{best[a]['config']['weight_decay']:g}" for a in arms)
+                + " |")
     return '\n'.join(rows) + '\n'
 
 
@@ -269,7 +288,8 @@ def pyplot():
         matplotlib.use('Agg')
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UserError("plots need matplotlib: `pip install matplotlib`, or leave out the png options") from None
+        raise UserError("plots need matplotlib: `pip install matplotlib`, or leave out the png "
+                        "options") from None
     return plt
 
 
@@ -287,8 +307,9 @@ def known_variants():
 
 
 def variant_color(name, i=0):
-    """One colour per variant in every figure: the variant's place among the config files (on tab20),
-    for a run or arm named after it (the longest variant name it starts with); else the i-th default colour."""
+    """One colour per variant in every figure: the variant's place among the config files (on
+    tab20), for a run or arm named after it (the longest variant name it starts with); else the
+    i-th default colour."""
     names = known_variants()
     match = max((v for v in names if name == v or name.startswith(v + '_')), key=len, default=None)
     return pyplot().get_cmap('tab20')(names.index(match) % 20) if match else f"C{i % 10}"
@@ -307,10 +328,10 @@ def plot(runs, path, beta):
     for i, r in enumerate(runs):
         label, color = f"{r['name']} ({fmt_params(r['params'])})", variant_color(r['name'], i)
         if r['steps']:
-            ax_train.plot([e['tokens'] for e in r['steps']], smoothed([e['loss'] for e in r['steps']], beta), label=label,
-                          color=color)
-        ax_val.plot([e['tokens'] for e in r['evals']], [e['val_loss'] for e in r['evals']], marker='o', ms=3, label=label,
-                    color=color)
+            ax_train.plot([e['tokens'] for e in r['steps']],
+                          smoothed([e['loss'] for e in r['steps']], beta), label=label, color=color)
+        ax_val.plot([e['tokens'] for e in r['evals']], [e['val_loss'] for e in r['evals']],
+                    marker='o', ms=3, label=label, color=color)
     for ax, title in ((ax_train, f'train loss (per step, smoothed {beta})'), (ax_val, 'val loss')):
         ax.set(xlabel='tokens seen', ylabel='loss', title=title)
         ax.grid(alpha=0.3)
@@ -329,12 +350,14 @@ def plot_gaps(groups, path):
         iters = [e['iter'] for e in runs[0]['evals'] if e['iter'] > 0]
         points = [(it, mean_sd(paired_gaps(ref_runs, runs, at=it).values())) for it in iters
                   if paired_gaps(ref_runs, runs, at=it)]
-        tokens = [it * runs[0]['evals'][-1]['tokens'] / runs[0]['evals'][-1]['iter'] for it, _ in points]
+        last = runs[0]['evals'][-1]
+        tokens = [it * last['tokens'] / last['iter'] for it, _ in points]
         means = [m for _, (m, _) in points]
         sds = [0.0 if s != s else s for _, (_, s) in points]
-        line, = ax.plot(tokens, means, marker='o', ms=3, label=f"{name} ({len(runs)} seeds)", color=variant_color(name))
-        ax.fill_between(tokens, [m - s for m, s in zip(means, sds)], [m + s for m, s in zip(means, sds)],
-                        color=line.get_color(), alpha=0.2)
+        line, = ax.plot(tokens, means, marker='o', ms=3, label=f"{name} ({len(runs)} seeds)",
+                        color=variant_color(name))
+        ax.fill_between(tokens, [m - s for m, s in zip(means, sds)],
+                        [m + s for m, s in zip(means, sds)], color=line.get_color(), alpha=0.2)
     for y, label in BANDS:
         ax.axhline(y, color='grey', lw=0.8, ls='-' if y == 0 else ':', label=label)
     ax.set(xlabel='tokens seen', ylabel=f'val loss gap to {ref_name} (%)',
@@ -346,17 +369,20 @@ def plot_gaps(groups, path):
 
 def plot_sweep(runs, path):
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
-    for i, (arm, members) in enumerate(group_runs([dict(r, arm=r['arm'].split('_wd')[0]) for r in runs]).items()):
+    arms = group_runs([dict(r, arm=r['arm'].split('_wd')[0]) for r in runs])
+    for i, (arm, members) in enumerate(arms.items()):
         members = sorted(members, key=lambda r: r['config']['weight_decay'])
-        ax.plot([r['config']['weight_decay'] for r in members], [final(r) for r in members], marker='o', label=arm,
-                color=variant_color(arm, i))
-    ax.set(xscale='log', xlabel='weight decay', ylabel='final val loss', title='each arm at matched weight decay')
+        ax.plot([r['config']['weight_decay'] for r in members], [final(r) for r in members],
+                marker='o', label=arm, color=variant_color(arm, i))
+    ax.set(xscale='log', xlabel='weight decay', ylabel='final val loss',
+           title='each arm at matched weight decay')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save_figure(fig, path)
 
 
-DIAG_PANELS = [('logit_std', 'attention logit std (after scale)'), ('entropy_norm', 'attention entropy / ln t'),
+DIAG_PANELS = [('logit_std', 'attention logit std (after scale)'),
+               ('entropy_norm', 'attention entropy / ln t'),
                ('q_rms', 'RMS of q'), ('k_rms', 'RMS of k')]
 NORM_GROUPS = ['attn_in', 'attn_out', 'mlp_in', 'mlp_out', 'embeddings']
 
@@ -373,12 +399,14 @@ def plot_diagnostics(runs, path):
         evals = [e for e in r['evals'] if 'diagnostics' in e]
         tokens = [e['tokens'] for e in evals]
         n_layer = len(evals[0]['diagnostics']['entropy'])
+        color = variant_color(r['name'], i)
         for ax, (key, _) in zip(axes.flat, DIAG_PANELS):
             for layer in range(n_layer):
-                ax.plot(tokens, [e['diagnostics'][key][layer] for e in evals], color=variant_color(r['name'], i),
-                        alpha=0.35 + 0.65 * (layer + 1) / n_layer, label=r['name'] if layer == n_layer - 1 else None)
+                ax.plot(tokens, [e['diagnostics'][key][layer] for e in evals], color=color,
+                        alpha=0.35 + 0.65 * (layer + 1) / n_layer,
+                        label=r['name'] if layer == n_layer - 1 else None)
         for ax, group in zip(axes.flat[len(DIAG_PANELS):], NORM_GROUPS):
-            ax.plot(tokens, [e['diagnostics']['weight_norm'][group] for e in evals], color=variant_color(r['name'], i),
+            ax.plot(tokens, [e['diagnostics']['weight_norm'][group] for e in evals], color=color,
                     label=r['name'])
     titles = [t for _, t in DIAG_PANELS] + [f'|W| {g}' for g in NORM_GROUPS]
     for ax, title in zip(axes.flat, titles):
@@ -393,7 +421,8 @@ def main(argv=None):
     dirs = [a for a in argv if not a.startswith('-')]
     c = parse_config(DEFAULTS, [a for a in argv if a.startswith('-')])
     if not dirs:
-        raise UserError("give one or more run directories: python report.py out-a out-b [--png=x.png] [--md=x.md]")
+        raise UserError("give one or more run directories: "
+                        "python report.py out-a out-b [--png=x.png] [--md=x.md]")
     runs = [read_run(d) for d in dirs]
     if c['best']:
         best = min(zip(runs, dirs), key=lambda rd: final(rd[0]))[1]

@@ -10,7 +10,8 @@ from model import GPT, GPTConfig, KVCache, attend, attention_path
 
 
 def reference(q, k, v, scale, allowed):
-    """softmax(scale q k^T) v over the allowed (T, S) entries, in numpy float64, heads repeated for GQA."""
+    """softmax(scale q k^T) v over the allowed (T, S) entries, in numpy float64, heads repeated
+    for GQA."""
     q, k, v = (t.detach().double().numpy() for t in (q, k, v))
     k, v = (np.repeat(t, q.shape[1] // t.shape[1], axis=1) for t in (k, v))
     s = scale * q @ k.swapaxes(-1, -2)
@@ -30,7 +31,8 @@ def inputs(n_head, n_kv, T, S):
             torch.randn(2, n_kv, S, 8, dtype=torch.float64, generator=g))
 
 
-@pytest.mark.parametrize('path,backend', [('explicit', None), ('sdpa', None), ('sdpa', SDPBackend.MATH),
+@pytest.mark.parametrize('path,backend', [('explicit', None), ('sdpa', None),
+                                          ('sdpa', SDPBackend.MATH),
                                           ('sdpa', SDPBackend.FLASH_ATTENTION)])
 @pytest.mark.parametrize('n_head,n_kv,T,S', CASES)
 def test_every_attention_path_equals_the_reference_in_float64(path, backend, n_head, n_kv, T, S):
@@ -40,35 +42,41 @@ def test_every_attention_path_equals_the_reference_in_float64(path, backend, n_h
     else:  # after a cached prefix of S - T positions, query i sits at position S - T + i
         allowed = np.tril(np.ones((T, S), bool), k=S - T)
         mask, causal = (torch.from_numpy(allowed), False) if T > 1 else (None, False)
-    with sdpa_kernel(backend) if backend else torch.autograd.graph.saved_tensors_hooks(lambda x: x, lambda x: x):
+    no_choice = torch.autograd.graph.saved_tensors_hooks(lambda x: x, lambda x: x)
+    with sdpa_kernel(backend) if backend else no_choice:
         out = attend(q, k, v, mask, causal, 0.3, path=path)
     torch.testing.assert_close(out, reference(q, k, v, 0.3, allowed), rtol=1e-10, atol=1e-10)
 
 
 def test_the_path_follows_device_and_compute_dtype():
     x = torch.zeros(2, 3)
-    assert attention_path(x) == 'sdpa'  # float32 on CPU: the fused kernel, as before this choice existed
+    # float32 on CPU: the fused kernel, as before this choice existed
+    assert attention_path(x) == 'sdpa'
     assert attention_path(x.double()) == 'sdpa'
     assert attention_path(x.bfloat16()) == 'explicit'
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert attention_path(x) == 'explicit'  # what the matmuls will compute in, not the input's dtype
+        # what the matmuls will compute in, not the input's dtype
+        assert attention_path(x) == 'explicit'
 
 
 def test_float32_on_cpu_computes_exactly_what_sdpa_computes(monkeypatch):
     """The default path leaves a float32 model's function bit for bit as it was."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64), verbose=False)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64),
+                verbose=False)
     idx = torch.randint(0, 64, (2, 16))
     logits, _ = model(idx, idx)
     calls = []
     real = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, 'scaled_dot_product_attention', lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(F, 'scaled_dot_product_attention',
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
     again, _ = model(idx, idx)
     assert len(calls) == 2 and torch.equal(logits, again)
 
 
-@pytest.mark.parametrize('kw', [dict(), dict(query='identity'), dict(query='nonlinear'), dict(query='residual'),
-                                dict(key_identity=True), dict(value_identity=True), dict(n_kv_head=1)])
+@pytest.mark.parametrize('kw', [dict(), dict(query='identity'), dict(query='nonlinear'),
+                                dict(query='residual'), dict(key_identity=True),
+                                dict(value_identity=True), dict(n_kv_head=1)])
 def test_the_model_is_one_function_whichever_path(kw, monkeypatch):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, **kw),
@@ -89,8 +97,8 @@ def test_the_model_is_one_function_whichever_path(kw, monkeypatch):
 
 def test_bf16_on_cpu_trains_through_the_explicit_path():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.1),
-                verbose=False)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.1)
+    model = GPT(cfg, verbose=False)
     idx = torch.randint(0, 64, (2, 16))
     with torch.autocast('cpu', dtype=torch.bfloat16):
         logits, loss = model(idx, idx)
@@ -124,7 +132,8 @@ def test_induction_probe_equals_an_independent_computation():
         s = np.where(np.tril(np.ones((6, 6), bool)), s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
-        scores.append(np.mean([p[:, i, i - 3 + 1] for i in (3, 4, 5)]))  # to the token after the earlier copy
+        # to the token after the earlier copy
+        scores.append(np.mean([p[:, i, i - 3 + 1] for i in (3, 4, 5)]))
         heads.append(p @ v[:, :, 2 * h:2 * h + 2])
     assert probe['induction'][0] == pytest.approx(scores, rel=1e-9)
     y = np.concatenate(heads, -1) @ sd['transformer.h.0.attn.c_proj.weight'].T
@@ -133,8 +142,8 @@ def test_induction_probe_equals_an_independent_computation():
     gelu = torch.nn.functional.gelu(torch.from_numpy(hidden)).numpy()
     out = h1 + gelu @ sd['transformer.h.0.mlp.c_proj.weight'].T
     logits = out @ sd['transformer.wte.weight'].T  # tied head
-    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - \
-        logits.max(-1, keepdims=True)
+    top = logits.max(-1, keepdims=True)
+    logp = logits - np.log(np.exp(logits - top).sum(-1, keepdims=True)) - top
     targets = idx.numpy()[:, 4:]  # the second copy's targets: positions 3 and 4 predict 4 and 5
     expected = -np.mean([logp[b, i - 1, targets[b, i - 4]] for b in range(2) for i in (4, 5)])
     assert probe['repeat_loss'] == pytest.approx(expected, rel=1e-9)
@@ -143,12 +152,14 @@ def test_induction_probe_equals_an_independent_computation():
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 def test_diagnostics_and_probe_stay_finite_and_close_under_16_bit_autocast(dtype):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64), verbose=False).eval()
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64)
+    model = GPT(cfg, verbose=False).eval()
     idx = torch.randint(0, 64, (4, 32))
     full, probe = model.diagnostics(idx), model.induction(idx)
     with torch.autocast('cpu', dtype=dtype):
         low, low_probe = model.diagnostics(idx), model.induction(idx)
-    assert low['entropy'] == pytest.approx(full['entropy'], rel=1e-2)  # 16-bit probabilities gave NaN here
+    # 16-bit probabilities gave NaN here
+    assert low['entropy'] == pytest.approx(full['entropy'], rel=1e-2)
     assert low_probe['repeat_loss'] == pytest.approx(probe['repeat_loss'], rel=1e-2)
 
 
@@ -170,8 +181,9 @@ def test_rope_attention_equals_a_float64_reference():
     for h in range(2):
         qh, kh, vh = (t[:, :, 8 * h:8 * h + 8] for t in (q, k, v))
         angle = positions.numpy()[:, None] * 100.0 ** (-np.arange(4) / 4)[None, :]  # (T, hd/2)
-        turn = lambda t: np.concatenate([t[..., :4] * np.cos(angle) - t[..., 4:] * np.sin(angle),
-                                         t[..., 4:] * np.cos(angle) + t[..., :4] * np.sin(angle)], -1)
+        cos, sin = np.cos(angle), np.sin(angle)
+        turn = lambda t: np.concatenate([t[..., :4] * cos - t[..., 4:] * sin,
+                                         t[..., 4:] * cos + t[..., :4] * sin], -1)
         s = turn(qh) @ turn(kh).transpose(0, 2, 1) / np.sqrt(8)
         s = np.where(np.tril(np.ones((9, 9), bool)), s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
@@ -181,9 +193,12 @@ def test_rope_attention_equals_a_float64_reference():
 
 
 MODERN = [dict(pos='rope'), dict(pos='rope', qk_norm=True), dict(qk_norm=True),
-          dict(pos='rope', qk_norm=True, query='identity'), dict(pos='rope', qk_norm=True, query='nonlinear'),
-          dict(pos='rope', qk_norm=True, query='residual_gelu'), dict(pos='rope', key_identity=True),
-          dict(pos='rope', qk_norm=True, value_identity=True), dict(pos='rope', qk_norm=True, n_kv_head=1)]
+          dict(pos='rope', qk_norm=True, query='identity'),
+          dict(pos='rope', qk_norm=True, query='nonlinear'),
+          dict(pos='rope', qk_norm=True, query='residual_gelu'),
+          dict(pos='rope', key_identity=True),
+          dict(pos='rope', qk_norm=True, value_identity=True),
+          dict(pos='rope', qk_norm=True, n_kv_head=1)]
 
 
 @pytest.mark.parametrize('kw', MODERN, ids=lambda kw: ','.join(f'{k}={v}' for k, v in kw.items()))
@@ -204,8 +219,9 @@ def test_cached_decoding_equals_recomputation_with_the_modern_block(kw):
 def test_under_rope_a_shift_of_every_position_leaves_the_logits_unchanged():
     for pos, same in (('rope', True), ('learned', False)):
         torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64, pos=pos, qk_norm=True),
-                    verbose=False).double()
+        cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64, pos=pos,
+                        qk_norm=True)
+        model = GPT(cfg, verbose=False).double()
         idx = torch.randint(0, 64, (2, 20))
         at0, at9 = model(idx, idx)[0], model(idx, idx, offset=9)[0]
         assert torch.allclose(at0, at9, rtol=0, atol=1e-12) == same, pos
@@ -225,10 +241,12 @@ def test_modern_block_parameter_counts_are_exact():
     with torch.device('meta'):
         count = lambda **kw: GPT(GPTConfig(**gpt2, **kw), verbose=False).get_num_params()
         assert count(query='identity', pos='rope') == 117_295_872 - 1024 * 768  # no position table
-        assert count(query='identity', pos='rope', qk_norm=True) == 117_295_872 - 1024 * 768 + 12 * 2 * 64
+        assert (count(query='identity', pos='rope', qk_norm=True)
+                == 117_295_872 - 1024 * 768 + 12 * 2 * 64)
         assert count(pos='rope') == 124_373_760 - 1024 * 768
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, pos='rope', qk_norm=True),
-                verbose=False)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, pos='rope',
+                    qk_norm=True)
+    model = GPT(cfg, verbose=False)
     assert 'transformer.wpe.weight' not in model.state_dict()
     assert model.param_breakdown()['attention'] == 2 * (3 * 32 * 32 + 32 * 32 + 2 * 16)
 

@@ -43,7 +43,8 @@ def test_training_step_compiles_as_one_graph(mode):
     assert counter.frame_count == 1 and all(p.grad is not None for p in model.parameters())
 
 
-@pytest.mark.slow  # dynamic shapes take a second to trace per mode; the training graph above stays in the inner loop
+# dynamic shapes take a second to trace per mode; the training graph above stays in the inner loop
+@pytest.mark.slow
 @pytest.mark.parametrize('mode', MODES)
 def test_prefill_and_decoding_compile_without_breaks_or_recompiles(mode):
     """As sample.py runs it: model.compile(dynamic=True), a prefill, then one token per step."""
@@ -54,7 +55,8 @@ def test_prefill_and_decoding_compile_without_breaks_or_recompiles(mode):
     with torch.no_grad():
         forward(torch.randint(0, 64, (1, 5)), cache=cache)  # the prefill
         after_prefill = counter.frame_count
-        for _ in range(6):  # the first decoding step may compile its own graph (T = 1); the next 5 may not
+        # the first decoding step may compile its own graph (T = 1); the next 5 may not
+        for _ in range(6):
             forward(torch.randint(0, 64, (1, 1)), cache=cache)
             if _ == 0:
                 after_first_step = counter.frame_count
@@ -63,8 +65,8 @@ def test_prefill_and_decoding_compile_without_breaks_or_recompiles(mode):
 
 
 def test_a_graph_break_is_caught():
-    """The check has teeth: a Python branch on .item() in the forward (a data-dependent host decision,
-    which no single graph can hold) fails it."""
+    """The check has teeth: a Python branch on .item() in the forward (a data-dependent host
+    decision, which no single graph can hold) fails it."""
     model = tiny({})
     original = model.transformer.ln_f.forward
 

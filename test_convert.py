@@ -12,16 +12,19 @@ from common import UserError, load_checkpoint, model_errors, save_checkpoint
 from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TRAIN = dict(n_head=4, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1, max_iters=12,
-             eval_interval=12, eval_iters=1, log_interval=100, device='cpu', compile=False, dtype='float32',
-             learning_rate=3e-3, warmup_iters=2, lr_decay_iters=12, tie_weights=False)
+TRAIN = dict(n_head=4, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1,
+             max_iters=12, eval_interval=12, eval_iters=1, log_interval=100, device='cpu',
+             compile=False, dtype='float32', learning_rate=3e-3, warmup_iters=2, lr_decay_iters=12,
+             tie_weights=False)
+HF = 'transformers is the optional GPT-2 import dependency'
 EXACT = {  # the paper's settings where W_Q elimination is exact (section 4)
     'single_layer_no_norm': dict(n_layer=1, norm=False),  # theorem 4.1
     'single_layer_tied': dict(n_layer=1, norm=False, tie_weights=True),
     'attention_only_skips': dict(n_layer=3, norm=False, mlp_residual=False),  # theorem 4.2
     'attention_only_skips_gqa': dict(n_layer=2, norm=False, mlp_residual=False, n_kv_head=2),
     'shared_layers': dict(n_layer=3, norm=False, share_layers=True),  # theorem 4.3
-    'shared_attention_only_skips': dict(n_layer=3, norm=False, share_layers=True, mlp_residual=False),
+    'shared_attention_only_skips': dict(n_layer=3, norm=False, share_layers=True,
+                                        mlp_residual=False),
     'biases': dict(n_layer=2, norm=False, mlp_residual=False, bias=True),
     # RoPE turns q and k after their projections: the change of basis before them stays exact
     'rope_single_layer': dict(n_layer=1, norm=False, pos='rope'),
@@ -58,21 +61,25 @@ def test_exact_settings_convert_to_identical_logits(data_root, tmp_path, name):
     saved = (32 * 32 + (32 if EXACT[name].get('bias') else 0)) * n_blocks
     assert res['attention_params_before'] - res['attention_params_after'] == saved
     assert res['untied'] == EXACT[name].get('tie_weights', False)
-    src = GPT.from_checkpoint(load_checkpoint(os.path.join(src_dir, 'ckpt.pt')), verbose=False).eval()
+    src_ckpt = load_checkpoint(os.path.join(src_dir, 'ckpt.pt'))
+    src = GPT.from_checkpoint(src_ckpt, verbose=False).eval()
     dst_ckpt = load_checkpoint(str(tmp_path / 'dst' / 'ckpt.pt'))
     dst = GPT.from_checkpoint(dst_ckpt, verbose=False).eval()
-    assert dst.config.query == 'identity' and dst.config.scale == src.config.scale and not dst.config.tie_weights
+    assert dst.config.query == 'identity' and dst.config.scale == src.config.scale
+    assert not dst.config.tie_weights
     prompt = torch.tensor([[10, 60, 32, 101]])
-    assert torch.equal(src.generate(prompt, 40, temperature=0.0), dst.generate(prompt, 40, temperature=0.0))
+    assert torch.equal(src.generate(prompt, 40, temperature=0.0),
+                       dst.generate(prompt, 40, temperature=0.0))
 
 
 def test_converted_checkpoint_fine_tunes_and_samples(data_root, tmp_path):
     src_dir = trained(data_root, tmp_path / 'src', n_layer=1, norm=False)
     run_convert(src_dir, tmp_path / 'dst', data_root=data_root)
-    log = trained(data_root, tmp_path / 'dst', n_layer=1, norm=False, init_from='resume', max_iters=16)
+    log = trained(data_root, tmp_path / 'dst', n_layer=1, norm=False, init_from='resume',
+                  max_iters=16)
     assert load_checkpoint(os.path.join(log, 'ckpt.pt'))['iter_num'] == 16
-    texts = sample.sample(dict(sample.DEFAULTS, out_dir=str(tmp_path / 'dst'), num_samples=1, max_new_tokens=10,
-                               device='cpu'))
+    texts = sample.sample(dict(sample.DEFAULTS, out_dir=str(tmp_path / 'dst'), num_samples=1,
+                               max_new_tokens=10, device='cpu'))
     assert len(texts) == 1
 
 
@@ -90,7 +97,8 @@ def test_pre_ln_model_is_refused_then_approximated(data_root, tmp_path):
 
 def test_full_skips_without_norm_need_shared_weights(data_root, tmp_path):
     src_dir = trained(data_root, tmp_path / 'src', n_layer=2, norm=False)
-    with pytest.raises(UserError, match='one basis of the residual stream cannot make every W_Q the identity'):
+    with pytest.raises(UserError, match='one basis of the residual stream cannot make every W_Q '
+                                        'the identity'):
         run_convert(src_dir, tmp_path / 'dst', data_root=data_root)
 
 
@@ -99,25 +107,29 @@ def test_singular_query_weight_and_query_bias_are_refused(data_root, tmp_path):
     with pytest.raises(UserError, match='non-zero query bias'):
         run_convert(src_dir, tmp_path / 'dst', data_root=data_root)
     ckpt = load_checkpoint(os.path.join(src_dir, 'ckpt.pt'))
-    ckpt['model']['transformer.h.0.attn.c_attn.weight'][:32][5] = 0  # one query output: W_Q loses rank
+    # one query output: W_Q loses rank
+    ckpt['model']['transformer.h.0.attn.c_attn.weight'][:32][5] = 0
     ckpt['model']['transformer.h.0.attn.c_attn.bias'][:32] = 0
     save_checkpoint(ckpt, os.path.join(src_dir, 'ckpt.pt'))
-    with pytest.raises(UserError, match=r'W_Q of layer 0 is singular or ill-conditioned \(condition number'):
+    with pytest.raises(UserError, match=r'W_Q of layer 0 is singular or ill-conditioned '
+                                        r'\(condition number'):
         run_convert(src_dir, tmp_path / 'dst', data_root=data_root)
 
 
 @pytest.mark.slow
 def test_cli_refusal_is_one_line(data_root, tmp_path):
     src_dir = trained(data_root, tmp_path / 'src', n_layer=1)
-    r = subprocess.run([sys.executable, 'convert.py', f'--in_dir={src_dir}'], cwd=HERE, capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.count('\n') == 1 and 'refusing' in r.stderr and '--approximate=True' in r.stderr
+    r = subprocess.run([sys.executable, 'convert.py', f'--in_dir={src_dir}'], cwd=HERE,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count('\n') == 1
+    assert 'refusing' in r.stderr and '--approximate=True' in r.stderr
 
 
 # -----------------------------------------------------------------------------
 # imports: OpenAI GPT-2 (Hugging Face format) and nanoGPT checkpoints
 
 def test_gpt2_import_matches_transformers(tmp_path):
-    transformers = pytest.importorskip('transformers', reason='transformers is the optional GPT-2 import dependency')
+    transformers = pytest.importorskip('transformers', reason=HF)
     cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=24, vocab_size=50257)
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(cfg).eval()
@@ -129,41 +141,45 @@ def test_gpt2_import_matches_transformers(tmp_path):
         want = hf(idx).logits
         got, _ = ours(idx, targets=idx)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    texts = sample.sample(dict(sample.DEFAULTS, init_from=str(tmp_path / 'gpt2-tiny'), start='Hello', num_samples=1,
-                               max_new_tokens=5, device='cpu'))
+    texts = sample.sample(dict(sample.DEFAULTS, init_from=str(tmp_path / 'gpt2-tiny'),
+                               start='Hello', num_samples=1, max_new_tokens=5, device='cpu'))
     assert len(texts) == 1
 
 
 def test_gpt2_import_errors_are_clear(tmp_path):
-    with pytest.raises(ValueError, match='init_from must be'):  # model.py raises; a script makes it one line
+    # model.py raises; a script makes it one line
+    with pytest.raises(ValueError, match='init_from must be'):
         GPT.from_pretrained('gpt3')
     with pytest.raises(UserError, match='init_from must be'):
         with model_errors():
             GPT.from_pretrained('gpt3')
-    pytest.importorskip('transformers', reason='transformers is the optional GPT-2 import dependency')
+    pytest.importorskip('transformers', reason=HF)
     with pytest.raises(ValueError, match="cannot load GPT-2 weights 'gpt2'.*without network"):
         GPT.from_pretrained('gpt2')  # the hub is unreachable here (HF_HUB_OFFLINE in conftest)
 
 
 def test_nanogpt_checkpoint_loads_as_a_baseline(tmp_path):
     torch.manual_seed(0)
-    src = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50304, bias=True), verbose=False)
-    nanogpt = dict(  # nanoGPT's keys: model_args without the new fields, compiled-model prefixes, a tensor loss
+    args = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50304, bias=True)
+    src = GPT(GPTConfig(**args), verbose=False)
+    # nanoGPT's keys: model_args without the new fields, compiled-model prefixes, a tensor loss
+    nanogpt = dict(
         model={f'_orig_mod.{k}': v for k, v in src.state_dict().items()},
-        model_args=dict(n_layer=2, n_head=2, n_embd=32, block_size=16, bias=True, vocab_size=50304, dropout=0.0),
+        model_args=dict(args, dropout=0.0),
         iter_num=5000, best_val_loss=torch.tensor(2.85), config=dict(dataset='openwebtext'))
     (tmp_path / 'run').mkdir()
     torch.save(nanogpt, tmp_path / 'run' / 'ckpt.pt')
     model = GPT.from_checkpoint(load_checkpoint(str(tmp_path / 'run' / 'ckpt.pt')), verbose=False)
     idx = torch.randint(0, 50257, (1, 16))
     torch.testing.assert_close(model(idx, idx)[0], src(idx, idx)[0], rtol=0, atol=0)
-    texts = sample.sample(dict(sample.DEFAULTS, out_dir=str(tmp_path / 'run'), num_samples=1, max_new_tokens=4,
-                               device='cpu', start='Hi'))
+    texts = sample.sample(dict(sample.DEFAULTS, out_dir=str(tmp_path / 'run'), num_samples=1,
+                               max_new_tokens=4, device='cpu', start='Hi'))
     assert len(texts) == 1
 
 
 def test_a_qk_norm_model_is_refused_in_one_line(data_root, tmp_path):
     src_dir = trained(data_root, tmp_path / 'src', n_layer=1, norm=False, pos='rope', qk_norm=True)
-    with pytest.raises(UserError, match="qk_norm: it normalises each head's x W_Q, and with W_Q = I"):
+    with pytest.raises(UserError,
+                       match="qk_norm: it normalises each head's x W_Q, and with W_Q = I"):
         run_convert(src_dir, tmp_path / 'dst', data_root=data_root)
     assert not (tmp_path / 'dst').exists()

@@ -12,11 +12,13 @@ import train
 from common import get_tokenizer, load_checkpoint
 from model import GPT
 
-transformers = pytest.importorskip('transformers', reason='transformers is the optional Hugging Face export dependency')
+transformers = pytest.importorskip(
+    'transformers', reason='transformers is the optional Hugging Face export dependency')
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = {
     'baseline': [],
-    'reduced': ['--query=identity', '--weight_decay=0.03125'],  # the halved scale is folded into W_Q
+    # the halved scale is folded into W_Q
+    'reduced': ['--query=identity', '--weight_decay=0.03125'],
     'reduced_mlp': ['--query=identity', '--mlp_hidden=144', '--tie_weights=False'],
     'key_identity_bias': ['--key_identity=True', '--bias=True', '--activation=relu'],
 }
@@ -30,15 +32,16 @@ def runs(tmp_path_factory):
     with open(docs, 'w') as f:
         for d in prepare.pydocs_documents()[:30]:
             f.write(json.dumps({'text': d}) + '\n')
-    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='gpt2', data_root=str(root), num_proc=1,
-                         out_name='d'))
+    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='gpt2', data_root=str(root),
+                         num_proc=1, out_name='d'))
     out = {}
     for name, extra in VARIANTS.items():
         out[name] = str(root / name)
-        train.main([f'--data_root={root}', '--dataset=d', f'--out_dir={out[name]}', '--n_layer=2', '--n_head=2',
-                    '--n_embd=32', '--block_size=32', '--batch_size=4', '--gradient_accumulation_steps=1',
-                    '--max_iters=4', '--eval_interval=4', '--eval_iters=1', '--device=cpu', '--compile=False',
-                    '--dtype=float32', '--learning_rate=1e-2', *extra])
+        train.main([f'--data_root={root}', '--dataset=d', f'--out_dir={out[name]}', '--n_layer=2',
+                    '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
+                    '--gradient_accumulation_steps=1', '--max_iters=4', '--eval_interval=4',
+                    '--eval_iters=1', '--device=cpu', '--compile=False', '--dtype=float32',
+                    '--learning_rate=1e-2', *extra])
     return out
 
 
@@ -46,10 +49,12 @@ def runs(tmp_path_factory):
 def test_export_round_trips_exactly(runs, tmp_path, name):
     before = open(os.path.join(runs[name], 'ckpt.pt'), 'rb').read()
     res = export.export(dict(export.DEFAULTS, in_dir=runs[name], out_dir=str(tmp_path / 'hf')))
-    assert open(os.path.join(runs[name], 'ckpt.pt'), 'rb').read() == before  # the checkpoint is only read
+    # the checkpoint is only read
+    assert open(os.path.join(runs[name], 'ckpt.pt'), 'rb').read() == before
     assert sorted(os.listdir(tmp_path)) == ['hf']  # no temporary folder left behind
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / 'hf').eval()
-    ours = GPT.from_checkpoint(load_checkpoint(os.path.join(runs[name], 'ckpt.pt')), verbose=False).eval()
+    ckpt = load_checkpoint(os.path.join(runs[name], 'ckpt.pt'))
+    ours = GPT.from_checkpoint(ckpt, verbose=False).eval()
     idx = torch.randint(50257, (3, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         diff = (ours(idx, targets=idx)[0] - hf(idx).logits).abs().max().item()
@@ -73,22 +78,24 @@ def test_exported_tokenizer_is_gpt2s(runs, tmp_path):
 @pytest.mark.slow
 def test_models_gpt2_cannot_hold_are_refused_in_one_line(runs, tmp_path):
     ckpt = load_checkpoint(os.path.join(runs['baseline'], 'ckpt.pt'))
-    nonlinear = GPT(GPT.from_checkpoint(ckpt, verbose=False).config.__class__(
-        n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=50304, query='nonlinear'), verbose=False)
+    Config = GPT.from_checkpoint(ckpt, verbose=False).config.__class__
+    nonlinear = GPT(Config(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=50304,
+                           query='nonlinear'), verbose=False)
     os.makedirs(tmp_path / 'nl')
-    torch.save(dict(model=nonlinear.state_dict(), model_args=nonlinear.config.__dict__, meta=ckpt['meta']),
-               tmp_path / 'nl' / 'ckpt.pt')
-    r = subprocess.run([sys.executable, 'export.py', f'--in_dir={tmp_path / "nl"}', f'--out_dir={tmp_path / "x"}'],
-                       cwd=HERE, capture_output=True, text=True)
+    torch.save(dict(model=nonlinear.state_dict(), model_args=nonlinear.config.__dict__,
+                    meta=ckpt['meta']), tmp_path / 'nl' / 'ckpt.pt')
+    r = subprocess.run([sys.executable, 'export.py', f'--in_dir={tmp_path / "nl"}',
+                        f'--out_dir={tmp_path / "x"}'], cwd=HERE, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        f"error: cannot export {tmp_path / 'nl'} to GPT-2's format: its query is 'nonlinear', not a matrix: "
-        "GPT-2's attention has a linear query only"]
+        f"error: cannot export {tmp_path / 'nl'} to GPT-2's format: its query is 'nonlinear', "
+        "not a matrix: GPT-2's attention has a linear query only"]
     assert not (tmp_path / 'x').exists()
     for kw, words in [(dict(n_kv_head=1), 'grouped-query'), (dict(norm=False), 'theoretical block'),
-                      (dict(share_layers=True), 'share one block'), (dict(pos='rope'), "'rope' (rotary)"),
+                      (dict(share_layers=True), 'share one block'),
+                      (dict(pos='rope'), "'rope' (rotary)"),
                       (dict(qk_norm=True), 'normalises q and k per head')]:
-        assert words in export.refusal(nonlinear.config.__class__(n_head=2, n_embd=32, **kw), 'gpt2')
-    assert 'no GPT-2 tokenizer' in export.refusal(nonlinear.config.__class__(), 'byte')
+        assert words in export.refusal(Config(n_head=2, n_embd=32, **kw), 'gpt2')
+    assert 'no GPT-2 tokenizer' in export.refusal(Config(), 'byte')
 
 
 @pytest.mark.parametrize('modern', [dict(pos='rope'), dict(qk_norm=True)])
@@ -98,7 +105,9 @@ def test_rope_and_qk_norm_checkpoints_are_refused_and_nothing_is_written(runs, t
         n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=50304, **modern)
     model = GPT(cfg, verbose=False)
     os.makedirs(tmp_path / 'm')
-    torch.save(dict(model=model.state_dict(), model_args=cfg.__dict__, meta=ckpt['meta']), tmp_path / 'm' / 'ckpt.pt')
+    torch.save(dict(model=model.state_dict(), model_args=cfg.__dict__, meta=ckpt['meta']),
+               tmp_path / 'm' / 'ckpt.pt')
     with pytest.raises(export.UserError, match="cannot export .* to GPT-2's format"):
-        export.export(dict(export.DEFAULTS, in_dir=str(tmp_path / 'm'), out_dir=str(tmp_path / 'x')))
+        export.export(dict(export.DEFAULTS, in_dir=str(tmp_path / 'm'),
+                           out_dir=str(tmp_path / 'x')))
     assert not (tmp_path / 'x').exists()

@@ -19,7 +19,9 @@ IDENTITIES = ['query', 'key_identity', 'value_identity']  # which of W_Q, W_K, W
 
 def identity_kw(identity):
     """The setting that makes one of W_Q, W_K, W_V the identity (None: none)."""
-    return {} if identity is None else dict(query='identity') if identity == 'query' else {identity: True}
+    if identity is None:
+        return {}
+    return dict(query='identity') if identity == 'query' else {identity: True}
 
 
 def tiny(**kw):
@@ -61,7 +63,8 @@ def reference_attention(attn, x, cfg, scale):
     B, T, C = x.shape
     hd, nh, nkv = C // cfg.n_head, cfg.n_head, cfg.n_kv_head
     W = attn.c_attn.weight.T  # row-vector convention: x @ W
-    dims = [0 if cfg.query == 'identity' else C, 0 if cfg.key_identity else nkv * hd, 0 if cfg.value_identity else nkv * hd]
+    dims = [0 if cfg.query == 'identity' else C, 0 if cfg.key_identity else nkv * hd,
+            0 if cfg.value_identity else nkv * hd]
     Wq, Wk, Wv = W.split(dims, dim=1)
     q = x if cfg.query == 'identity' else x @ Wq
     k = x if cfg.key_identity else x @ Wk
@@ -70,7 +73,8 @@ def reference_attention(attn, x, cfg, scale):
     out = []
     for h in range(nh):
         g = h // (nh // nkv)  # the kv head this query head reads
-        qh, kh, vh = q[..., h * hd:(h + 1) * hd], k[..., g * hd:(g + 1) * hd], v[..., g * hd:(g + 1) * hd]
+        qh = q[..., h * hd:(h + 1) * hd]
+        kh, vh = k[..., g * hd:(g + 1) * hd], v[..., g * hd:(g + 1) * hd]
         s = scale * qh @ kh.transpose(-1, -2)
         out.append(torch.softmax(s.masked_fill(~causal, float('-inf')), dim=-1) @ vh)
     return torch.cat(out, dim=-1) @ attn.c_proj.weight.T
@@ -111,7 +115,8 @@ def plain_attention(X, Wq, Wk, Wv, n_head, scale):
     heads = []
     for h in range(n_head):
         s = slice(h * hd, (h + 1) * hd)
-        a = torch.softmax((scale * q[..., s] @ k[..., s].transpose(-1, -2)).masked_fill(~causal, float('-inf')), -1)
+        logits = scale * q[..., s] @ k[..., s].transpose(-1, -2)
+        a = torch.softmax(logits.masked_fill(~causal, float('-inf')), -1)
         heads.append(a @ v[..., s])
     return torch.cat(heads, -1)
 
@@ -126,11 +131,13 @@ def test_reparametrization_lemma():
     Theta = torch.randn(C, C, dtype=torch.float64) / C ** 0.5 + torch.eye(C, dtype=torch.float64)
     Ti = torch.linalg.inv(Theta)
     ref = plain_attention(X, Wq, Wk, Wv, nh, 0.3)
-    torch.testing.assert_close(plain_attention(X @ Theta, Ti @ Wq, Ti @ Wk, Ti @ Wv, nh, 0.3), ref, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(plain_attention(X @ Theta, Ti @ Wq, Ti @ Wk, Ti @ Wv, nh, 0.3), ref,
+                               rtol=1e-9, atol=1e-10)
     Qi = torch.linalg.inv(Wq)
     torch.testing.assert_close(Qi @ Wq, torch.eye(C, dtype=torch.float64), rtol=0, atol=1e-10)
     # the reduced module, given X W_Q and the folded K/V weights, reproduces the full attention
-    attn = CausalSelfAttention(GPTConfig(n_embd=C, n_head=nh, query='identity', attn_scale=0.3)).double()
+    cfg = GPTConfig(n_embd=C, n_head=nh, query='identity', attn_scale=0.3)
+    attn = CausalSelfAttention(cfg).double()
     with torch.no_grad():
         attn.c_attn.weight.copy_(torch.cat([Qi @ Wk, Qi @ Wv], dim=1).T)
         attn.c_proj.weight.copy_(torch.eye(C))
@@ -160,13 +167,16 @@ def test_theory_settings_parameter_counts():
     base = tiny()
     shared = tiny(share_layers=True)
     per_block = sum(p.numel() for p in base.transformer.h[0].parameters())
-    assert base.get_num_params() - shared.get_num_params() == per_block  # 2 layers, one block stored
-    assert tiny(norm=False).get_num_params() == base.get_num_params() - 5 * 32  # ln_1, ln_2 x2, ln_f
+    # 2 layers, one block stored
+    assert base.get_num_params() - shared.get_num_params() == per_block
+    # ln_1, ln_2 x2, ln_f
+    assert tiny(norm=False).get_num_params() == base.get_num_params() - 5 * 32
     assert tiny(mlp_residual=False).get_num_params() == base.get_num_params()
 
 
 @pytest.mark.parametrize('kw,steps', [
-    (dict(), 80), (dict(query='identity'), 80), (dict(key_identity=True), 80), (dict(value_identity=True), 80),
+    (dict(), 80), (dict(query='identity'), 80), (dict(key_identity=True), 80),
+    (dict(value_identity=True), 80),
     (dict(query='identity', n_kv_head=2), 80), (dict(query='identity', share_layers=True), 80),
     (dict(query='identity', norm=False), 80),
     # without the MLP skip connection the MLP output replaces the stream: slower to fit
@@ -211,7 +221,8 @@ def test_flops_follow_the_model_and_cpu_has_no_peak():
     base, red = tiny(), tiny(query='identity')
     assert base.flops_per_token(16) - red.flops_per_token(16) == 6 * 2 * 32 * 32
     shared = tiny(share_layers=True)
-    assert shared.flops_per_token(16) == base.flops_per_token(16)  # a shared block still runs n_layer times
+    # a shared block still runs n_layer times
+    assert shared.flops_per_token(16) == base.flops_per_token(16)
     if not torch.cuda.is_available():
         assert device_peak_flops() is None
         assert base.estimate_mfu(1000, 0.1, device_peak_flops()) is None
@@ -222,7 +233,8 @@ def test_optimizer_decays_matrices_only():
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
     decay, no_decay = opt.param_groups
     assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
-    assert all(p.dim() >= 2 for p in decay['params']) and all(p.dim() < 2 for p in no_decay['params'])
+    assert all(p.dim() >= 2 for p in decay['params'])
+    assert all(p.dim() < 2 for p in no_decay['params'])
     assert sum(p.numel() for g in opt.param_groups for p in g['params']) == model.get_num_params()
 
 
@@ -235,13 +247,15 @@ def reference_query(attn, x, cfg):
     W = attn.c_attn.weight.T
     xq = x @ W[:, :C] if cfg.query in ('linear', 'residual', 'residual_gelu') else None
     gelu = lambda z: 0.5 * z * (1 + torch.erf(z / math.sqrt(2)))
-    formulas = dict(linear=lambda: xq, identity=lambda: x, residual=lambda: x + xq, residual_gelu=lambda: x + gelu(xq))
+    formulas = dict(linear=lambda: xq, identity=lambda: x, residual=lambda: x + xq,
+                    residual_gelu=lambda: x + gelu(xq))
     if cfg.query in formulas:
         return formulas[cfg.query]()
     m = attn.q_mlp
     rms = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps) * m.norm.weight
     z = gelu(rms @ m.fc.weight.T) @ m.proj.weight.T
-    ln = (z - z.mean(-1, keepdim=True)) / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + 1e-5) * m.ln.weight
+    ln = ((z - z.mean(-1, keepdim=True))
+          / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + 1e-5) * m.ln.weight)
     return cfg.query_mix * (x + ln)
 
 
@@ -257,12 +271,15 @@ def reference_attention_with_query(attn, x, cfg):
     for h in range(nh):
         g = h // (nh // nkv)
         s = cfg.scale * q[..., h * hd:(h + 1) * hd] @ k[..., g * hd:(g + 1) * hd].transpose(-1, -2)
-        out.append(torch.softmax(s.masked_fill(~causal, float('-inf')), dim=-1) @ v[..., g * hd:(g + 1) * hd])
+        p = torch.softmax(s.masked_fill(~causal, float('-inf')), dim=-1)
+        out.append(p @ v[..., g * hd:(g + 1) * hd])
     return torch.cat(out, dim=-1) @ attn.c_proj.weight.T
 
 
-QUERY_CASES = [(q, kv, {}) for q in ('linear', 'identity', 'residual', 'residual_gelu', 'nonlinear') for kv in (4, 2)]
-QUERY_CASES += [('nonlinear', kv, dict(query_mix=1.0)) for kv in (4, 2)] + [('nonlinear', 4, dict(query_rank=8))]
+QUERY_CASES = [(q, kv, {}) for q in ('linear', 'identity', 'residual', 'residual_gelu', 'nonlinear')
+               for kv in (4, 2)]
+QUERY_CASES += [('nonlinear', kv, dict(query_mix=1.0)) for kv in (4, 2)]
+QUERY_CASES += [('nonlinear', 4, dict(query_rank=8))]
 
 
 @pytest.mark.parametrize('query,n_kv_head,extra', QUERY_CASES)
@@ -275,7 +292,8 @@ def test_query_modes_match_their_formulas(query, n_kv_head, extra):
             if p.dim() == 1:
                 p.uniform_(0.5, 1.5)
     x = torch.randn(2, 7, 32, dtype=torch.float64)
-    torch.testing.assert_close(attn(x), reference_attention_with_query(attn, x, cfg), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(attn(x), reference_attention_with_query(attn, x, cfg),
+                               rtol=1e-10, atol=1e-12)
 
 
 def test_query_parameter_counts_and_flops():
@@ -284,36 +302,42 @@ def test_query_parameter_counts_and_flops():
                   ('linear', 'identity', 'residual', 'residual_gelu', 'nonlinear')}
     assert {q: m.get_num_params() for q, m in counts.items()} == dict(
         linear=124_373_760, identity=117_295_872, residual=124_373_760, residual_gelu=124_373_760,
-        nonlinear=124_373_760 + 12 * 2 * 768)  # W1 + W2 = d^2 at r = d/2, plus RMSNorm and LN weights
+        # W1 + W2 = d^2 at r = d/2, plus RMSNorm and LN weights
+        nonlinear=124_373_760 + 12 * 2 * 768)
     base = counts['linear'].flops_per_token()
     assert counts['nonlinear'].flops_per_token() == base == counts['residual'].flops_per_token()
     assert base - counts['identity'].flops_per_token() == 6 * 12 * 768 ** 2
-    assert counts['nonlinear'].param_breakdown()['attention'] == counts['linear'].param_breakdown()['attention'] + 12 * 1536
+    attention = {q: m.param_breakdown()['attention'] for q, m in counts.items()}
+    assert attention['nonlinear'] == attention['linear'] + 12 * 1536
 
 
 def test_query_is_the_one_setting_and_the_old_shorthand_is_still_read():
     assert 'query_identity' not in GPTConfig().__dict__ and GPTConfig().query == 'linear'
     assert GPTConfig.from_dict(dict(query_identity=True)).query == 'identity'
     assert GPTConfig.from_dict(dict(query_identity=False)).query == 'linear'
-    assert GPTConfig(query='identity').scale == GPTConfig.from_dict(dict(query_identity=True)).scale == 1 / 16
+    flagged = GPTConfig.from_dict(dict(query_identity=True))
+    assert GPTConfig(query='identity').scale == flagged.scale == 1 / 16
     with pytest.raises(ValueError, match="query_identity=True contradicts query='residual'"):
         GPTConfig.from_dict(dict(query='residual', query_identity=True))
 
 
 def test_checkpoint_saved_with_query_identity_loads_with_identical_logits():
     old = tiny(query='identity').eval()
-    args = {k: v for k, v in old.config.__dict__.items() if k not in ('query', 'query_rank', 'query_mix', 'init_std')}
+    args = {k: v for k, v in old.config.__dict__.items()
+            if k not in ('query', 'query_rank', 'query_mix', 'init_std')}
     args['query_identity'] = True
     ckpt = dict(model=old.state_dict(), model_args=args)  # what the first release wrote
     new = GPT.from_checkpoint(ckpt, verbose=False).eval()
     assert new.config.query == 'identity'
     idx = torch.randint(0, 64, (2, 16))
     assert torch.equal(old(idx, idx)[0], new(idx, idx)[0])
-    again = GPT.from_checkpoint(dict(model=new.state_dict(), model_args=new.config.__dict__), verbose=False)
+    again = GPT.from_checkpoint(dict(model=new.state_dict(), model_args=new.config.__dict__),
+                                verbose=False)
     assert again.config == new.config
 
 
-@pytest.mark.parametrize('kw', [dict(activation='relu'), dict(query='nonlinear'), dict(query='residual_gelu')])
+@pytest.mark.parametrize('kw', [dict(activation='relu'), dict(query='nonlinear'),
+                                dict(query='residual_gelu')])
 def test_new_modes_overfit_one_batch(kw):
     test_tiny_model_overfits_one_batch(kw, 80)
 
@@ -339,7 +363,8 @@ def test_bad_query_configs_fail_clearly(kw, message):
 def test_diagnostics_equal_an_independent_computation():
     """Hand-set weights, no LayerNorm (ln_1 is the identity), one layer of 2 heads of size 2."""
     import numpy as np
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=4, block_size=5, vocab_size=6, norm=False), verbose=False).double()
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=4, block_size=5, vocab_size=6, norm=False)
+    model = GPT(cfg, verbose=False).double()
     rng = np.random.default_rng(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -369,20 +394,26 @@ def test_diagnostics_equal_an_independent_computation():
     assert diag['k_rms'][0] == pytest.approx(np.sqrt((k ** 2).mean()), rel=1e-6)
     fro = lambda *names: np.sqrt(sum((sd[n] ** 2).sum() for n in names))
     assert diag['weight_norm'] == pytest.approx(dict(
-        attn_in=fro('transformer.h.0.attn.c_attn.weight'), attn_out=fro('transformer.h.0.attn.c_proj.weight'),
-        mlp_in=fro('transformer.h.0.mlp.c_fc.weight'), mlp_out=fro('transformer.h.0.mlp.c_proj.weight'),
+        attn_in=fro('transformer.h.0.attn.c_attn.weight'),
+        attn_out=fro('transformer.h.0.attn.c_proj.weight'),
+        mlp_in=fro('transformer.h.0.mlp.c_fc.weight'),
+        mlp_out=fro('transformer.h.0.mlp.c_proj.weight'),
         embeddings=fro('transformer.wte.weight', 'transformer.wpe.weight')), rel=1e-9)
 
 
 def test_query_identity_flag_is_the_papers_spelling_of_the_reduced_model():
     with torch.device('meta'):
-        assert GPT(GPTConfig(**GPT2, query_identity=True), verbose=False).get_num_params() == 117_295_872
+        model = GPT(GPTConfig(**GPT2, query_identity=True), verbose=False)
+        assert model.get_num_params() == 117_295_872
+    small = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64)
     torch.manual_seed(0)
-    flagged = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, query_identity=True), verbose=False)
+    flagged = GPT(GPTConfig(**small, query_identity=True), verbose=False)
     torch.manual_seed(0)
-    reduced = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, query='identity'), verbose=False)
+    reduced = GPT(GPTConfig(**small, query='identity'), verbose=False)
     assert flagged.config == reduced.config
-    assert all(torch.equal(a, b) for a, b in zip(flagged.state_dict().values(), reduced.state_dict().values()))
-    assert 'query_identity' not in vars(flagged.config)  # never saved into a checkpoint's model_args
+    assert all(torch.equal(a, b) for a, b in zip(flagged.state_dict().values(),
+                                                 reduced.state_dict().values()))
+    # never saved into a checkpoint's model_args
+    assert 'query_identity' not in vars(flagged.config)
     with pytest.raises(ValueError, match="query_identity=True contradicts query='nonlinear'"):
         GPTConfig(query='nonlinear', query_identity=True)

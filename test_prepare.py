@@ -9,7 +9,9 @@ import pytest
 import prepare
 from common import UserError, get_tokenizer
 
-DOCS = [f"Document {i}: the quick brown fox, café ünïcode ✓ {'word ' * (i % 7)}<|endoftext|> stays text." for i in range(40)]
+DOCS = [f"Document {i}: the quick brown fox, café ünïcode ✓ {'word ' * (i % 7)}<|endoftext|> "
+        "stays text." for i in range(40)]
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def write_jsonl(path, docs, column='text'):
@@ -30,7 +32,8 @@ def read_docs(out_dir, split, tok):
     ids = np.fromfile(os.path.join(out_dir, f'{split}.bin'), dtype=meta['dtype'])
     assert ids[-1] == tok.eot
     cuts = np.flatnonzero(ids == tok.eot)
-    return [tok.decode_bytes(ids[a + 1 if a >= 0 else 0:b].tolist()).decode() for a, b in zip(np.r_[-1, cuts[:-1]], cuts)]
+    return [tok.decode_bytes(ids[a + 1 if a >= 0 else 0:b].tolist()).decode()
+            for a, b in zip(np.r_[-1, cuts[:-1]], cuts)]
 
 
 @pytest.mark.parametrize('tokenizer', ['byte', 'gpt2'])
@@ -46,9 +49,11 @@ def test_bins_decode_to_source_documents(tmp_path, tokenizer):
     for s in ('train', 'val'):
         n = os.path.getsize(out / f'{s}.bin') // np.dtype(on_disk['dtype']).itemsize
         assert on_disk[f'{s}_tokens'] == n
-    if tokenizer == 'gpt2':  # the BPE, not bytes: '<|endoftext|>' in text is ordinary text, never token 50256
+    # the BPE, not bytes: '<|endoftext|>' in text is ordinary text, never token 50256
+    if tokenizer == 'gpt2':
         ids = np.fromfile(out / 'train.bin', dtype=np.uint16)
-        assert (ids == 50256).sum() == len(train) and len(ids) < 0.5 * sum(len(d.encode()) for d in train)
+        assert (ids == 50256).sum() == len(train)
+        assert len(ids) < 0.5 * sum(len(d.encode()) for d in train)
 
 
 def test_val_split_is_deterministic_and_follows_the_seed(tmp_path):
@@ -65,7 +70,8 @@ def test_num_proc_does_not_change_the_bins(tmp_path):
     run(tmp_path, dataset=src, out_name='one', num_proc=1)
     run(tmp_path, dataset=src, out_name='two', num_proc=2)
     for s in ('train.bin', 'val.bin'):
-        assert (tmp_path / 'data' / 'one' / s).read_bytes() == (tmp_path / 'data' / 'two' / s).read_bytes()
+        data = tmp_path / 'data'
+        assert (data / 'one' / s).read_bytes() == (data / 'two' / s).read_bytes()
 
 
 def test_rerun_is_a_noop_unless_forced(tmp_path, capsys):
@@ -106,20 +112,24 @@ def test_failed_run_leaves_nothing_finished_looking(tmp_path, monkeypatch):
 
 
 def test_openwebtext_path_on_local_files_with_its_schema(tmp_path):
-    """The hub is unreachable here: the same code path, fed a local parquet copy with OpenWebText's schema."""
+    """The hub is unreachable here: the same code path, fed a local parquet copy with OpenWebText's
+    schema."""
     import datasets
     folder = tmp_path / 'owt'
     folder.mkdir()
     datasets.Dataset.from_dict({'text': DOCS * 60}).to_parquet(str(folder / 'train-00000.parquet'))
     meta = run(tmp_path, hub_id=str(folder), tokenizer='byte')
-    assert meta['settings']['val_size'] == 0.0005 and meta['val_documents'] == 2  # nanoGPT's split, ceil'd
-    assert meta['train_documents'] == 2398 and (tmp_path / 'data' / 'openwebtext' / 'train.bin').exists()
+    # nanoGPT's split, ceil'd
+    assert meta['settings']['val_size'] == 0.0005 and meta['val_documents'] == 2
+    assert meta['train_documents'] == 2398
+    assert (tmp_path / 'data' / 'openwebtext' / 'train.bin').exists()
 
 
 @pytest.mark.slow
 def test_pydocs_is_deterministic_english_over_a_megabyte():
     docs = prepare.pydocs_documents()
-    assert docs == prepare.pydocs_documents.__wrapped__()  # made again from scratch, not the cached copy
+    # made again from scratch, not the cached copy
+    assert docs == prepare.pydocs_documents.__wrapped__()
     text = ''.join(docs)
     assert len(text.encode()) > 1_000_000 and text.count(' the ') > 10_000
 
@@ -134,7 +144,8 @@ def test_pysource_is_the_standard_library_source_one_module_a_document():
     import sysconfig
     with open(os.path.join(sysconfig.get_paths()['stdlib'], 'os.py'), encoding='utf-8') as f:
         assert docs[heads.index('# os.py')] == '# os.py\n' + f.read()
-    assert sum(len(d.encode()) for d in docs) > 4 * sum(len(d.encode()) for d in prepare.pydocs_documents())
+    size = lambda documents: sum(len(d.encode()) for d in documents)
+    assert size(docs) > 4 * size(prepare.pydocs_documents())
     assert prepare.resolve(dict(prepare.DEFAULTS, dataset='pysource'))['tokenizer'] == 'byte'
 
 
@@ -145,7 +156,8 @@ def test_text_files_are_one_document_each(tmp_path):
         (folder / f'{i}.txt').write_text(f"line one of {i}\nline two\n")
     run(tmp_path, dataset=str(folder), val_size=0.2)
     tok = get_tokenizer('gpt2')  # the default for anything but the embedded corpus
-    docs = read_docs(tmp_path / 'data' / 'texts', 'train', tok) + read_docs(tmp_path / 'data' / 'texts', 'val', tok)
+    out = tmp_path / 'data' / 'texts'
+    docs = read_docs(out, 'train', tok) + read_docs(out, 'val', tok)
     assert sorted(docs) == sorted(f"line one of {i}\nline two\n" for i in range(5))
 
 
@@ -164,18 +176,20 @@ def test_bad_input_is_one_clear_error(tmp_path, kw, message):
     kw.setdefault('dataset', write_jsonl(tmp_path / 'docs.jsonl', DOCS))
     with pytest.raises(UserError, match=message):
         run(tmp_path, **kw)
-    assert not (tmp_path / 'data').exists() or not any(f.endswith('.bin') for _, _, fs in os.walk(tmp_path / 'data') for f in fs)
+    written = [f for _, _, fs in os.walk(tmp_path / 'data') for f in fs]
+    assert not any(f.endswith('.bin') for f in written)
 
 
 @pytest.mark.slow
 def test_cli_error_is_one_line_without_traceback(tmp_path):
-    r = subprocess.run([sys.executable, 'prepare.py', f'--dataset={tmp_path}/nope.txt', f'--data_root={tmp_path}'],
-                       capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, 'prepare.py', f'--dataset={tmp_path}/nope.txt',
+                        f'--data_root={tmp_path}'], capture_output=True, text=True, cwd=HERE)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"error: no such file or folder: {tmp_path}/nope.txt"]
-    r = subprocess.run([sys.executable, 'prepare.py', '--nmu_proc=2'], capture_output=True, text=True,
-                       cwd=os.path.dirname(os.path.abspath(__file__)))
-    assert r.returncode == 2 and "unknown config key 'nmu_proc' (did you mean 'num_proc'?)" in r.stderr
+    r = subprocess.run([sys.executable, 'prepare.py', '--nmu_proc=2'], capture_output=True,
+                       text=True, cwd=HERE)
+    assert r.returncode == 2
+    assert "unknown config key 'nmu_proc' (did you mean 'num_proc'?)" in r.stderr
 
 
 def test_hub_dataset_with_a_loading_script_says_what_to_do(tmp_path, monkeypatch):
@@ -184,5 +198,6 @@ def test_hub_dataset_with_a_loading_script_says_what_to_do(tmp_path, monkeypatch
     def script_only(*a, **k):  # what datasets >= 4 raises for a script-based hub repository
         raise RuntimeError('Dataset scripts are no longer supported, but found openwebtext.py')
     monkeypatch.setattr(datasets, 'load_dataset', script_only)
-    with pytest.raises(UserError, match=r"'Skylion007/openwebtext' is loaded by a dataset script.*--hub_id"):
+    with pytest.raises(UserError,
+                       match=r"'Skylion007/openwebtext' is loaded by a dataset script.*--hub_id"):
         run(tmp_path)

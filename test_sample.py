@@ -33,7 +33,8 @@ def tiny(**kw):
     cfg = dict(n_layer=2, n_head=4, n_embd=32, block_size=12, vocab_size=50)
     cfg.update(kw)
     model = GPT(GPTConfig(**cfg), verbose=False).eval()
-    with torch.no_grad():  # larger weights than init, so that logits differ clearly between positions
+    # larger weights than init, so that logits differ clearly between positions
+    with torch.no_grad():
         for p in model.parameters():
             p.mul_(5.0 if p.dim() == 2 else 1.0)
     return model
@@ -78,17 +79,21 @@ def test_prefill_then_step_matches_full_forward_at_every_position():
 
 
 def test_cache_memory_scales_with_n_kv_head():
-    sizes = {n: KVCache(GPTConfig(n_layer=2, n_head=8, n_embd=64, block_size=32, n_kv_head=n), 3).nbytes() for n in (8, 4, 1)}
-    assert sizes[8] == 2 * 2 * 3 * 8 * 32 * 8 * 4  # K and V, layers, batch, heads, positions, head_dim, fp32
+    cfg = lambda n: GPTConfig(n_layer=2, n_head=8, n_embd=64, block_size=32, n_kv_head=n)
+    sizes = {n: KVCache(cfg(n), 3).nbytes() for n in (8, 4, 1)}
+    # K and V, layers, batch, heads, positions, head_dim, fp32
+    assert sizes[8] == 2 * 2 * 3 * 8 * 32 * 8 * 4
     assert sizes[8] == 2 * sizes[4] == 8 * sizes[1]
     # the reduced model's cache is as large as the baseline's: only W_Q went
-    assert KVCache(GPTConfig(query='identity', n_layer=2), 1).nbytes() == KVCache(GPTConfig(n_layer=2), 1).nbytes()
+    assert (KVCache(GPTConfig(query='identity', n_layer=2), 1).nbytes()
+            == KVCache(GPTConfig(n_layer=2), 1).nbytes())
 
 
 def test_fixed_seed_reproduces_a_sample():
     model = tiny()
     idx = torch.zeros(1, 1, dtype=torch.long)
-    run = lambda seed: model.generate(idx, 15, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(seed))
+    run = lambda seed: model.generate(idx, 15, temperature=1.0, top_k=20,
+                                      generator=torch.Generator().manual_seed(seed))
     assert torch.equal(run(3), run(3)) and not torch.equal(run(3), run(4))
 
 
@@ -99,7 +104,8 @@ def test_sampling_filters():
     assert {sample_next(logits, 1.0, top_k=1, generator=g).item() for _ in range(20)} == {1}
     assert {sample_next(logits, 1.0, top_p=0.01, generator=g).item() for _ in range(20)} == {1}
     # top_p = 0.9 keeps the smallest prefix reaching 0.9: tokens 1, 2 (0.63 + 0.23 < 0.9) and 0
-    assert {sample_next(logits, 1.0, top_p=0.9, generator=g).item() for _ in range(300)} == {0, 1, 2}
+    picked = {sample_next(logits, 1.0, top_p=0.9, generator=g).item() for _ in range(300)}
+    assert picked == {0, 1, 2}
     assert {sample_next(logits, 1.0, top_k=2, generator=g).item() for _ in range(100)} == {1, 2}
 
 
@@ -121,23 +127,26 @@ def trained(request, tmp_path_factory):
     with open(docs, 'w') as f:
         for d in prepare.pydocs_documents()[:40]:
             f.write(json.dumps({'text': d}) + '\n')
-    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer=request.param, data_root=str(root),
-                         num_proc=1, out_name='d'))
+    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer=request.param,
+                         data_root=str(root), num_proc=1, out_name='d'))
     out = root / 'out'
-    train.main([f'--data_root={root}', '--dataset=d', f'--out_dir={out}', '--n_layer=1', '--n_head=2', '--n_embd=32',
-                '--block_size=32', '--batch_size=4', '--gradient_accumulation_steps=1', '--max_iters=3',
-                '--eval_interval=3', '--eval_iters=1', '--device=cpu', '--compile=False', '--dtype=float32'])
+    train.main([f'--data_root={root}', '--dataset=d', f'--out_dir={out}', '--n_layer=1',
+                '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
+                '--gradient_accumulation_steps=1', '--max_iters=3', '--eval_interval=3',
+                '--eval_iters=1', '--device=cpu', '--compile=False', '--dtype=float32'])
     return request.param, str(out)
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, 'sample.py', *args], cwd=HERE, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, 'sample.py', *args], cwd=HERE, capture_output=True,
+                          text=True, timeout=120)
 
 
 @pytest.mark.slow
 def test_sample_cli_end_to_end(trained):
     tokenizer, out = trained
-    args = [f'--out_dir={out}', '--start=def ', '--num_samples=2', '--max_new_tokens=30', '--device=cpu']
+    args = [f'--out_dir={out}', '--start=def ', '--num_samples=2', '--max_new_tokens=30',
+            '--device=cpu']
     a, b = cli(*args), cli(*args)
     assert a.returncode == 0, a.stderr
     assert a.stdout == b.stdout  # same seed, same samples
@@ -147,8 +156,8 @@ def test_sample_cli_end_to_end(trained):
 
 def test_sample_texts_and_no_cache_agree(trained):
     _, out = trained
-    base = dict(sample.DEFAULTS, out_dir=out, num_samples=1, max_new_tokens=40, temperature=0.0, stop_at_eot=False,
-                device='cpu')
+    base = dict(sample.DEFAULTS, out_dir=out, num_samples=1, max_new_tokens=40, temperature=0.0,
+                stop_at_eot=False, device='cpu')
     assert sample.sample(base) == sample.sample(dict(base, use_cache=False))
 
 
@@ -174,8 +183,10 @@ def test_corrupt_checkpoint_and_long_prompt(tmp_path, trained):
     data = open(os.path.join(out, 'ckpt.pt'), 'rb').read()
     (bad / 'ckpt.pt').write_bytes(data[:len(data) // 2])
     r = cli(f'--out_dir={bad}')
-    assert r.returncode == 2 and r.stderr.startswith(f'error: cannot read checkpoint {bad}/ckpt.pt') and len(r.stderr.splitlines()) == 1
-    r = cli(f'--out_dir={out}', '--start=' + 'word ' * 200, '--max_new_tokens=3', '--num_samples=1', '--device=cpu')
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert r.stderr.startswith(f'error: cannot read checkpoint {bad}/ckpt.pt')
+    r = cli(f'--out_dir={out}', '--start=' + 'word ' * 200, '--max_new_tokens=3', '--num_samples=1',
+            '--device=cpu')
     assert r.returncode == 0 and 'more than block_size 32: keeping the last 32' in r.stderr
     r = cli(f'--out_dir={out}', '--start=', '--max_new_tokens=3', '--num_samples=1', '--device=cpu')
     assert r.returncode == 0 and 'empty prompt' in r.stderr
@@ -198,5 +209,7 @@ def test_prompt_tokens_outside_the_vocabulary_are_refused(tmp_path, trained):
     ckpt['meta']['tokenizer'] = 'gpt2'
     (tmp_path / 'run').mkdir()
     torch.save(ckpt, tmp_path / 'run' / 'ckpt.pt')
-    with pytest.raises(UserError, match=r"outside the model's vocabulary of 320: .*not trained with the gpt2 tokenizer"):
-        sample.sample(dict(sample.DEFAULTS, out_dir=str(tmp_path / 'run'), start='def main', device='cpu'))
+    with pytest.raises(UserError, match=r"outside the model's vocabulary of 320: "
+                                        r".*not trained with the gpt2 tokenizer"):
+        sample.sample(dict(sample.DEFAULTS, out_dir=str(tmp_path / 'run'), start='def main',
+                           device='cpu'))

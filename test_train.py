@@ -16,9 +16,11 @@ from common import UserError, load_checkpoint
 from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=2,
-            max_iters=20, eval_interval=10, eval_iters=2, log_interval=1, device='cpu', compile=False,
-            dtype='float32', learning_rate=1e-2, warmup_iters=2, lr_decay_iters=20, min_lr=1e-3, dropout=0.1)
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
+            gradient_accumulation_steps=2, max_iters=20, eval_interval=10, eval_iters=2,
+            log_interval=1, device='cpu', compile=False, dtype='float32', learning_rate=1e-2,
+            warmup_iters=2, lr_decay_iters=20, min_lr=1e-3, dropout=0.1)
+TORCHRUN = [sys.executable, '-m', 'torch.distributed.run']
 
 
 def argv(data_root, out_dir, **kw):
@@ -39,8 +41,27 @@ def read_log(out_dir):
 
 def losses(log):
     """Everything in the log but the wall-clock fields."""
-    return [{k: v for k, v in e.items() if k not in ('dt_ms', 'tokens_per_s', 'mfu', 'eta_s', 'eval_s')}
-            for e in log]
+    clock = ('dt_ms', 'tokens_per_s', 'mfu', 'eta_s', 'eval_s')
+    return [{k: v for k, v in e.items() if k not in clock} for e in log]
+
+
+def spy_batches(monkeypatch):
+    """The (split, window starts) of every batch the runs in this test read, in order."""
+    seen = []
+    real = common.Dataset.batch
+
+    def batch(self, split, starts, *a):
+        seen.append((split, starts.tolist()))
+        return real(self, split, starts, *a)
+    monkeypatch.setattr(common.Dataset, 'batch', batch)
+    return seen
+
+
+def wait_for_lines(path, n, timeout=120):
+    """Until the file at path has n lines (a running train.py's log), or the timeout."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and (not path.exists() or len(path.read_text().splitlines()) < n):
+        time.sleep(0.2)
 
 
 def final_state(out_dir):
@@ -63,32 +84,36 @@ def test_loss_falls_and_run_dir_has_everything(data_root, tmp_path):
     assert evals[0]['val_loss'] > 5.0 and evals[-1]['val_loss'] < evals[0]['val_loss'] - 2.0
     steps = [e for e in log if 'loss' in e]
     assert [e['iter'] for e in steps] == list(range(1, 41))
-    assert steps[-1]['tokens'] == 40 * 2 * 4 * 32 and all(e['mfu'] is None for e in steps)  # no peak on CPU
+    assert steps[-1]['tokens'] == 40 * 2 * 4 * 32
+    assert all(e['mfu'] is None for e in steps)  # no peak on CPU
     ckpt = load_checkpoint(os.path.join(tmp_path, 'ckpt.pt'))  # weights_only=True
-    assert ckpt['iter_num'] == 40 and ckpt['config']['n_embd'] == 32 and ckpt['meta']['tokenizer'] == 'byte'
+    assert ckpt['iter_num'] == 40 and ckpt['config']['n_embd'] == 32
+    assert ckpt['meta']['tokenizer'] == 'byte'
     assert json.load(open(tmp_path / 'config.json'))['learning_rate'] == 1e-2
 
 
-@pytest.mark.parametrize('dtype', ['float32', 'float16'])  # float16: the GradScaler's state must resume too
+# float16: the GradScaler's state must resume too
+@pytest.mark.parametrize('dtype', ['float32', 'float16'])
 def test_resume_is_bit_exact(data_root, tmp_path, dtype):
     full = run(data_root, tmp_path / 'full', dtype=dtype)
     first = run(data_root, tmp_path / 'resumed', max_iters=10, dtype=dtype)
     assert first[-1]['iter'] == 10
     resumed = run(data_root, tmp_path / 'resumed', init_from='resume', dtype=dtype)
     assert losses(resumed) == losses(full)  # every logged loss, bit for bit, with dropout on
-    if dtype == 'float16':  # a scaler restarted from scratch would count 10 steps since growth, not 20
-        scalers = [load_checkpoint(str(tmp_path / d / 'ckpt.pt'))['scaler'] for d in ('full', 'resumed')]
+    # a scaler restarted from scratch would count 10 steps since growth, not 20
+    if dtype == 'float16':
+        scalers = [load_checkpoint(str(tmp_path / d / 'ckpt.pt'))['scaler']
+                   for d in ('full', 'resumed')]
         assert scalers[0] == scalers[1] and scalers[0]['_growth_tracker'] == 20
     assert_same_state(final_state(tmp_path / 'full'), final_state(tmp_path / 'resumed'))
 
 
 def test_batches_are_matched_across_variants(data_root, tmp_path, monkeypatch):
-    seen = []
-    real = common.Dataset.batch
-    monkeypatch.setattr(common.Dataset, 'batch', lambda self, split, starts, *a: seen.append((split, starts.tolist())) or real(self, split, starts, *a))
+    seen = spy_batches(monkeypatch)
     run(data_root, tmp_path / 'a', max_iters=6)
     base, seen[:] = list(seen), []
-    run(data_root, tmp_path / 'b', max_iters=6, query='identity', weight_decay=2 ** -5, n_layer=1, seed=7)
+    run(data_root, tmp_path / 'b', max_iters=6, query='identity', weight_decay=2 ** -5, n_layer=1,
+        seed=7)
     # 6 steps x 2 micro-batches, plus the 2 fixed eval batches drawn from the train split
     assert seen == base and len({tuple(o) for s, o in base if s == 'train'}) == 6 * 2 + 2
     seen[:] = []
@@ -102,7 +127,7 @@ def test_ddp_two_processes_match_one_with_double_accumulation(data_root, tmp_pat
     common = dict(dropout=0.0, max_iters=8, eval_interval=4, lr_decay_iters=8, diagnostics=False)
     single = run(data_root, tmp_path / 'one', gradient_accumulation_steps=2, **common)
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+    cmd = [*TORCHRUN, '--standalone', '--nproc_per_node=2', 'train.py',
            *argv(data_root, tmp_path / 'two', gradient_accumulation_steps=2, **common)]
     r = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -116,12 +141,10 @@ def test_ddp_two_processes_match_one_with_double_accumulation(data_root, tmp_pat
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_that_resumes_exactly(data_root, tmp_path):
     long = dict(max_iters=100000, lr_decay_iters=1000, eval_interval=1000, log_interval=1)
-    proc = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, tmp_path / 'sig', **long)], cwd=HERE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log_path = tmp_path / 'sig' / 'log.jsonl'
-    deadline = time.time() + 120
-    while time.time() < deadline and (not log_path.exists() or len(log_path.read_text().splitlines()) < 5):
-        time.sleep(0.2)
+    cmd = [sys.executable, 'train.py', *argv(data_root, tmp_path / 'sig', **long)]
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    wait_for_lines(tmp_path / 'sig' / 'log.jsonl', 5)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
@@ -152,15 +175,18 @@ def test_nonfinite_loss_stops_and_keeps_the_good_checkpoint(data_root, tmp_path,
 
 
 def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path, monkeypatch):
-    # the eager backend wraps the model exactly as inductor does (an OptimizedModule, whose state dict
-    # would carry _orig_mod.) without generating kernels: seconds instead of half a minute on a CPU
+    # the eager backend wraps the model exactly as inductor does (an OptimizedModule, whose state
+    # dict would carry _orig_mod.) without generating kernels: seconds instead of half a minute on
+    # a CPU
     compile_ = torch.compile
-    monkeypatch.setattr(torch, 'compile', lambda model, **kw: compile_(model, backend='eager', **kw))
+    monkeypatch.setattr(torch, 'compile',
+                        lambda model, **kw: compile_(model, backend='eager', **kw))
     run(data_root, tmp_path, compile=True, max_iters=2, eval_interval=2, dropout=0.0, n_layer=1)
     ckpt = load_checkpoint(str(tmp_path / 'ckpt.pt'))
     assert not any(k.startswith('_orig_mod.') for k in ckpt['model'])
     model = GPT.from_checkpoint(ckpt, verbose=False)  # strict load into a plain GPT
-    assert model.get_num_params() == GPT(GPTConfig(**ckpt['model_args']), verbose=False).get_num_params()
+    fresh = GPT(GPTConfig(**ckpt['model_args']), verbose=False)
+    assert model.get_num_params() == fresh.get_num_params()
 
 
 @pytest.mark.parametrize('kw,message', [
@@ -174,7 +200,7 @@ def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path,
     (dict(dtype='float8'), 'dtype must be'),
 ])
 def test_bad_config_fails_clearly(data_root, tmp_path, kw, message):
-    with pytest.raises(UserError, match=message.replace('(', r'\(').replace(')', r'\)').replace('?', r'\?')):
+    with pytest.raises(UserError, match=re.escape(message)):
         run(data_root, tmp_path, **kw)
 
 
@@ -186,15 +212,19 @@ def test_resume_rejects_a_dataset_the_model_cannot_read(data_root, tmp_path):
 
 @pytest.mark.slow
 def test_cli_errors_are_one_line(data_root, tmp_path):
-    r = subprocess.run([sys.executable, 'train.py', 'config/nope.py'], cwd=HERE, capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "error: config file 'config/nope.py' not found (arguments are config files and --key=value)"]
-    r = subprocess.run([sys.executable, 'train.py', *argv(data_root, tmp_path, dataset='missing')], cwd=HERE,
+    r = subprocess.run([sys.executable, 'train.py', 'config/nope.py'], cwd=HERE,
                        capture_output=True, text=True)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and 'prepare.py --dataset=missing' in r.stderr
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: config file 'config/nope.py' not found (arguments are config files and "
+        "--key=value)"]
+    r = subprocess.run([sys.executable, 'train.py', *argv(data_root, tmp_path, dataset='missing')],
+                       cwd=HERE, capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert 'prepare.py --dataset=missing' in r.stderr
 
 
-PAPER_CONFIGS = {  # config file: (total params, attention scale, weight decay); the follow-up's are in test_experiment
+# config file: (total params, attention scale, weight decay); the follow-up's are in test_experiment
+PAPER_CONFIGS = {
     'baseline': (124_373_760, 1 / 8, 0.1),
     'reduced': (117_295_872, 1 / 16, 0.03125),
     'reduced_mlp': (124_373_760, 1 / 16, 0.03125),
@@ -214,11 +244,15 @@ def test_paper_configs(name):
     with torch.device('meta'):
         model = GPT(GPTConfig(**train.model_args_from(c, {'vocab_size': 50257})), verbose=False)
     assert model.get_num_params() == params and model.config.scale == pytest.approx(scale)
-    assert f'{params:,} parameters' in open(os.path.join(HERE, 'config', f'{name}.py')).read()  # its comment says so
+    # its comment says so
+    assert f'{params:,} parameters' in open(os.path.join(HERE, 'config', f'{name}.py')).read()
     assert c['keep_checkpoints'] == (50000, 100000, 105000)
-    assert c['weight_decay'] == wd and c['batch_size'] * c['block_size'] * c['gradient_accumulation_steps'] == 491_520
-    assert (c['learning_rate'], c['min_lr'], c['warmup_iters'], c['lr_decay_iters'], c['max_iters']) == (6e-4, 6e-5, 2000, 600_000, 105_002)
-    assert c['dtype'] in (None, 'bfloat16') and c['eval_interval'] == 1000 and c['eval_iters'] == 200
+    assert c['weight_decay'] == wd
+    assert c['batch_size'] * c['block_size'] * c['gradient_accumulation_steps'] == 491_520
+    schedule = ('learning_rate', 'min_lr', 'warmup_iters', 'lr_decay_iters', 'max_iters')
+    assert tuple(c[k] for k in schedule) == (6e-4, 6e-5, 2000, 600_000, 105_002)
+    assert c['dtype'] in (None, 'bfloat16')
+    assert c['eval_interval'] == 1000 and c['eval_iters'] == 200
 
 
 def test_demo_config_parses():
@@ -238,7 +272,8 @@ def test_eval_only_evaluates_and_writes_nothing(data_root, tmp_path, capsys):
     good = (tmp_path / 'ckpt.pt').read_bytes()
     log = run(data_root, tmp_path, init_from='resume', eval_only=True)
     assert 'iter 10: train loss' in capsys.readouterr().out
-    assert (tmp_path / 'ckpt.pt').read_bytes() == good and log[-1]['iter'] == 10 and 'val_loss' in log[-1]
+    assert (tmp_path / 'ckpt.pt').read_bytes() == good
+    assert log[-1]['iter'] == 10 and 'val_loss' in log[-1]
 
 
 def test_resume_survives_a_log_line_cut_short(data_root, tmp_path):
@@ -255,13 +290,13 @@ def test_sigterm_under_torchrun_saves_once_for_all_ranks(data_root, tmp_path):
     """torchrun forwards SIGTERM to every worker; the ranks agree on one step and rank 0 saves."""
     env = dict(os.environ, OMP_NUM_THREADS='1')
     out = tmp_path / 'ddp'
-    proc = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                             'train.py', *argv(data_root, out, max_iters=100000, lr_decay_iters=1000,
-                                               eval_interval=1000, dropout=0.0)],
-                            cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and (not (out / 'log.jsonl').exists() or len((out / 'log.jsonl').read_text().splitlines()) < 5):
-        time.sleep(0.2)
+    proc = subprocess.Popen([*TORCHRUN, '--standalone', '--nproc_per_node=2',
+                             'train.py', *argv(data_root, out, max_iters=100000,
+                                               lr_decay_iters=1000, eval_interval=1000,
+                                               dropout=0.0)],
+                            cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    wait_for_lines(out / 'log.jsonl', 5)
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=90)
     assert stdout.count('stopped by a signal') == 1 and stdout.count('(signal)') == 1
@@ -274,10 +309,12 @@ def test_sigterm_under_torchrun_saves_once_for_all_ranks(data_root, tmp_path):
 
 @pytest.mark.slow
 def test_init_from_a_gpt2_folder(data_root, tmp_path):
-    transformers = pytest.importorskip('transformers', reason='transformers is the optional GPT-2 import dependency')
+    transformers = pytest.importorskip(
+        'transformers', reason='transformers is the optional GPT-2 import dependency')
     cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=50257)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / 'gpt2-tiny')
-    run(data_root, tmp_path / 'run', init_from=str(tmp_path / 'gpt2-tiny'), max_iters=2, eval_interval=2, dropout=0.0)
+    run(data_root, tmp_path / 'run', init_from=str(tmp_path / 'gpt2-tiny'), max_iters=2,
+        eval_interval=2, dropout=0.0)
     args = load_checkpoint(str(tmp_path / 'run' / 'ckpt.pt'))['model_args']
     assert args['activation'] == 'gelu_tanh' and args['bias'] and args['vocab_size'] == 50257
     with pytest.raises(UserError, match="block_size 64 is longer than the model's 32"):
@@ -304,31 +341,35 @@ def test_second_run_on_an_out_dir_fails_and_a_killed_run_resumes_at_once(data_ro
     deadline = time.time() + 120
     while time.time() < deadline and not (out / 'log.jsonl').exists():
         time.sleep(0.1)
-    second = subprocess.run([sys.executable, 'train.py', *argv(data_root, out)], cwd=HERE, capture_output=True,
-                            text=True, timeout=120)
+    second = subprocess.run([sys.executable, 'train.py', *argv(data_root, out)], cwd=HERE,
+                            capture_output=True, text=True, timeout=120)
     assert first.poll() is None  # still running: the second run met a live lock
     assert second.returncode == 2 and second.stderr.strip().splitlines() == [
-        f"error: {out} is in use by train.py (pid {first.pid} on {os.uname().nodename}): wait for that run, "
-        "stop it, or choose another --out_dir"]
+        f"error: {out} is in use by train.py (pid {first.pid} on {os.uname().nodename}): "
+        "wait for that run, stop it, or choose another --out_dir"]
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=120) == 0
     log = read_log(out)  # clean: each step and evaluation once, in order
     last = log[-1]['iter']
     assert [e['iter'] for e in log if 'loss' in e] == list(range(1, last + 1))
-    assert [e['iter'] for e in log if 'val_loss' in e] == list(range(0, last, 20))  # a stop after step `last` skips its eval
-    killed = subprocess.Popen([sys.executable, 'train.py', *argv(data_root, out, init_from='resume', eval_interval=2,
-                                                                 max_iters=10 ** 5, lr_decay_iters=1000)],
+    # a stop after step `last` skips its eval
+    assert [e['iter'] for e in log if 'val_loss' in e] == list(range(0, last, 20))
+    again = argv(data_root, out, init_from='resume', eval_interval=2, max_iters=10 ** 5,
+                 lr_decay_iters=1000)
+    killed = subprocess.Popen([sys.executable, 'train.py', *again],
                               cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while time.time() < deadline + 60 and 'saved' not in (killed.stdout.readline() or 'saved'):
         pass
     killed.kill()
     killed.wait()
-    log = run(data_root, out, init_from='resume', max_iters=load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] + 1)
+    saved = load_checkpoint(str(out / 'ckpt.pt'))['iter_num']
+    log = run(data_root, out, init_from='resume', max_iters=saved + 1)
     assert 'val_loss' in log[-1]
 
 
 class Clock:
-    """time for train.py alone: one second per reading, so step times are the same on any machine."""
+    """time for train.py alone: one second per reading, so step times are the same on any
+    machine."""
     now = 0.0
 
     @classmethod
@@ -337,26 +378,31 @@ class Clock:
         return cls.now
 
 
-def test_eta_is_logged_and_falls_and_warmup_steps_are_not_timed(data_root, tmp_path, capsys, monkeypatch):
+def test_eta_is_logged_and_falls_and_warmup_steps_are_not_timed(data_root, tmp_path, capsys,
+                                                                monkeypatch):
     monkeypatch.setattr(train, 'time', Clock)
     log = [e for e in run(data_root, tmp_path, max_iters=10, eval_interval=5) if 'loss' in e]
-    assert [e['dt_ms'] is None for e in log] == [True] * train.TIMING_WARMUP + [False] * (10 - train.TIMING_WARMUP)
+    warm = train.TIMING_WARMUP
+    assert [e['dt_ms'] is None for e in log] == [True] * warm + [False] * (10 - warm)
     etas = [e['eta_s'] for e in log[train.TIMING_WARMUP:]]
     assert etas[0] > 0 and etas[-1] == 0 and etas[-1] < etas[len(etas) // 2] < etas[0] * 2
     assert ' eta 0m00s' in capsys.readouterr().out
-    resumed = [e for e in run(data_root, tmp_path, init_from='resume', max_iters=14) if 'loss' in e and e['iter'] > 10]
-    assert [e['dt_ms'] is None for e in resumed] == [True, True, False, False]  # the restart warms up again
+    resumed = [e for e in run(data_root, tmp_path, init_from='resume', max_iters=14)
+               if 'loss' in e and e['iter'] > 10]
+    # the restart warms up again
+    assert [e['dt_ms'] is None for e in resumed] == [True, True, False, False]
 
 
-def test_fresh_eval_windows_change_per_step_and_match_across_variants(data_root, tmp_path, monkeypatch):
-    seen = []
-    real = common.Dataset.batch
-    monkeypatch.setattr(common.Dataset, 'batch', lambda self, split, starts, *a: seen.append((split, starts.tolist())) or real(self, split, starts, *a))
+def test_fresh_eval_windows_change_per_step_and_match_across_variants(data_root, tmp_path,
+                                                                      monkeypatch):
+    seen = spy_batches(monkeypatch)
 
     def val_windows(**kw):
         seen.clear()
-        run(data_root, tmp_path / str(len(os.listdir(tmp_path))), max_iters=4, eval_interval=2, **kw)
-        return [s for split, s in seen if split == 'val'][1:]  # the first is the diagnostics batch, drawn once
+        run(data_root, tmp_path / str(len(os.listdir(tmp_path))), max_iters=4, eval_interval=2,
+            **kw)
+        # the first is the diagnostics batch, drawn once
+        return [s for split, s in seen if split == 'val'][1:]
     fixed, fresh = val_windows(), val_windows(eval_windows='fresh')
     assert fixed[0] == fixed[2] == fixed[4] and fresh[0] != fresh[2] != fresh[4]
     assert val_windows(eval_windows='fresh', query='nonlinear', seed=3) == fresh
@@ -368,7 +414,8 @@ def test_diagnostics_off_logs_none_and_trains_the_same(data_root, tmp_path):
     probes = ('diagnostics', 'induction', 'repeat_loss')
     assert all(k not in e for e in off for k in probes)
     evals = [e for e in on if 'val_loss' in e]
-    assert len(evals) == 3 and all(len(e['diagnostics']['entropy']) == TINY['n_layer'] for e in evals)
+    assert len(evals) == 3
+    assert all(len(e['diagnostics']['entropy']) == TINY['n_layer'] for e in evals)
     assert all(len(e['induction']) == TINY['n_layer'] for e in evals)
     strip = lambda log: [{k: v for k, v in e.items() if k not in probes} for e in losses(log)]
     assert strip(on) == strip(off)
@@ -381,24 +428,31 @@ def test_a_save_failure_on_rank_0_ends_both_ranks(data_root, tmp_path):
     out = tmp_path / 'ddp'
     (out / 'ckpt.pt.tmp').mkdir(parents=True)  # rank 0 cannot write the checkpoint's temporary file
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+    r = subprocess.run([*TORCHRUN, '--standalone', '--nproc_per_node=2', 'train.py',
                         *argv(data_root, out, max_iters=4, eval_interval=2, dropout=0.0)],
                        cwd=HERE, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode != 0
-    assert f"error: cannot write {out}/ckpt.pt" in r.stderr and "error: rank 0 could not save" in r.stderr
+    assert f"error: cannot write {out}/ckpt.pt" in r.stderr
+    assert "error: rank 0 could not save" in r.stderr
 
 
 @pytest.mark.slow
 def test_pydocs_is_prepared_by_the_first_run_that_needs_it(tmp_path):
-    """Two runs started together on a data_root without pydocs: one prepares it, once, in one line."""
-    args = lambda name: [sys.executable, 'train.py', *argv(str(tmp_path / 'data'), tmp_path / name, dataset='pydocs',
-                                                           max_iters=1, eval_interval=1, n_layer=1, block_size=128,
-                                                           batch_size=32)]  # few, large batches for the full val loss
-    procs = [subprocess.Popen(args(n), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in 'ab']
+    """Two runs started together on a data_root without pydocs: one prepares it, once, in one
+    line."""
+    # few, large batches for the full val loss
+    args = lambda name: [sys.executable, 'train.py',
+                         *argv(str(tmp_path / 'data'), tmp_path / name, dataset='pydocs',
+                               max_iters=1, eval_interval=1, n_layer=1, block_size=128,
+                               batch_size=32)]
+    procs = [subprocess.Popen(args(n), cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for n in 'ab']
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    said = [line for out, _ in outs for line in out.splitlines() if line.startswith('no prepared pydocs')]
-    assert said == [f"no prepared pydocs in {tmp_path / 'data'}/: preparing the embedded corpus first (offline, ~10 s)"]
+    said = [line for out, _ in outs for line in out.splitlines()
+            if line.startswith('no prepared pydocs')]
+    assert said == [f"no prepared pydocs in {tmp_path / 'data'}/: preparing the embedded corpus "
+                    "first (offline, ~10 s)"]
     meta = json.loads((tmp_path / 'data' / 'pydocs' / 'meta.json').read_text())
     assert meta['tokenizer'] == 'byte' and meta['train_tokens'] > 2_000_000
 
@@ -415,8 +469,9 @@ def test_repeating_a_command_is_refused_and_touches_nothing(data_root, tmp_path)
     before = run_files(tmp_path)
     with pytest.raises(UserError) as e:
         run(data_root, tmp_path, max_iters=4, eval_interval=2)
-    assert str(e.value) == (f"{tmp_path} already holds a checkpoint at iter 4: --init_from=resume continues it, "
-                            "--overwrite=True starts over (its log and checkpoints are replaced)")
+    assert str(e.value) == (f"{tmp_path} already holds a checkpoint at iter 4: --init_from=resume "
+                            "continues it, --overwrite=True starts over (its log and checkpoints "
+                            "are replaced)")
     assert run_files(tmp_path) == before
 
 
@@ -447,8 +502,10 @@ def test_resume_on_other_data_is_refused(data_root, tmp_path):
     (other / 'train.bin').write_bytes(data[:len(data) // 2])  # re-prepared: fewer training tokens
     (other / 'val.bin').write_bytes(open(os.path.join(data_root, 'tiny', 'val.bin'), 'rb').read())
     (other / 'meta.json').write_text(json.dumps(dict(meta, train_tokens=meta['train_tokens'] // 2)))
-    with pytest.raises(UserError, match=rf"ckpt.pt was trained on other data than {tmp_path / 'data'}/tiny "
-                                        rf"\(train_tokens {meta['train_tokens']} != {meta['train_tokens'] // 2}\)"):
+    n = meta['train_tokens']
+    with pytest.raises(UserError, match=rf"ckpt.pt was trained on other data than "
+                                        rf"{tmp_path / 'data'}/tiny "
+                                        rf"\(train_tokens {n} != {n // 2}\)"):
         run(str(tmp_path / 'data'), tmp_path / 'run', init_from='auto', max_iters=4)
 
 
@@ -457,7 +514,8 @@ def test_a_truncated_checkpoint_is_one_line_and_not_replaced_by_scratch(data_roo
     good = (tmp_path / 'ckpt.pt').read_bytes()
     (tmp_path / 'ckpt.pt').write_bytes(good[:len(good) // 2])
     for init in ('auto', 'resume'):
-        with pytest.raises(UserError, match=rf"^cannot read checkpoint {tmp_path}/ckpt.pt: .*\(corrupt, truncated"):
+        with pytest.raises(UserError, match=rf"^cannot read checkpoint {tmp_path}/ckpt.pt: "
+                                            rf".*\(corrupt, truncated"):
             run(data_root, tmp_path, init_from=init, max_iters=4)
     with pytest.raises(UserError, match='already holds a checkpoint \\(unreadable\\)'):
         run(data_root, tmp_path, max_iters=4)
@@ -480,17 +538,19 @@ def children(pid):
 @pytest.mark.xdist_group('torchrun')
 @pytest.mark.slow
 def test_a_killed_worker_is_restarted_by_torchrun_and_costs_nothing(data_root, tmp_path):
-    """torchrun --max-restarts reruns the same command after a worker is SIGKILLed; init_from='auto'
-    resumes from the last checkpoint and the run ends bit-identical to an uninterrupted one. One restart
-    is all it may take: the restarted round must reconnect at once (train.restart_store)."""
+    """torchrun --max-restarts reruns the same command after a worker is SIGKILLed;
+    init_from='auto' resumes from the last checkpoint and the run ends bit-identical to an
+    uninterrupted one. One restart is all it may take: the restarted round must reconnect at once
+    (train.restart_store)."""
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    settings = dict(dropout=0.0, max_iters=120, lr_decay_iters=120, eval_interval=40, diagnostics=False,
-                    init_from='auto', log_interval=10)
+    settings = dict(dropout=0.0, max_iters=120, lr_decay_iters=120, eval_interval=40,
+                    diagnostics=False, init_from='auto', log_interval=10)
 
     def torchrun(out):
-        return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+        return subprocess.Popen([*TORCHRUN, '--standalone', '--nproc_per_node=2',
                                  '--max-restarts=1', 'train.py', *argv(data_root, out, **settings)],
-                                cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                cwd=HERE, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
 
     killed = torchrun(tmp_path / 'killed')
     deadline = time.time() + 120
@@ -501,7 +561,8 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_costs_nothing(data_root, t
     os.kill(workers[1], signal.SIGKILL)
     out, err = killed.communicate(timeout=240)
     assert killed.returncode == 0, err[-3000:]
-    assert 'resuming from' in out and re.search(r'starting at iter (40|80)\b', out)  # the restart came from a checkpoint
+    # the restart came from a checkpoint
+    assert 'resuming from' in out and re.search(r'starting at iter (40|80)\b', out)
     straight = torchrun(tmp_path / 'straight')
     assert straight.wait(timeout=240) == 0
     a, b = read_log(tmp_path / 'killed'), read_log(tmp_path / 'straight')
@@ -520,10 +581,11 @@ def free_port():
 def two_nodes(data_root, out, port, env, **kw):
     """Two torchrun agents on this machine, one gloo process each, meeting by c10d rendezvous at
     127.0.0.1:port: the code path of two hosts."""
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nnodes=2', '--nproc_per_node=1',
+    cmd = [*TORCHRUN, '--nnodes=2', '--nproc_per_node=1',
            '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{port}', '--max-restarts=1',
            'train.py', *argv(data_root, out, **kw)]
-    return [subprocess.Popen(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return [subprocess.Popen(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
 
 
@@ -535,6 +597,7 @@ def finish(agents, timeout=240):
 
 MULTI = dict(dropout=0.0, max_iters=60, lr_decay_iters=60, eval_interval=20, diagnostics=False,
              init_from='auto', log_interval=10, gradient_accumulation_steps=2)
+LONG_MULTI = dict(MULTI, max_iters=120, lr_decay_iters=120, eval_interval=40)
 
 
 ONE_THREAD = dict(os.environ, OMP_NUM_THREADS='1')
@@ -543,7 +606,8 @@ ONE_THREAD = dict(os.environ, OMP_NUM_THREADS='1')
 @pytest.fixture
 def one_thread():
     """The workers run on one thread each, and so must the one-process reference: BLAS kernels on
-    two threads round differently, while one process and two nodes on one thread agree bit for bit."""
+    two threads round differently, while one process and two nodes on one thread agree bit for
+    bit."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -552,23 +616,25 @@ def one_thread():
 
 @pytest.mark.long
 @pytest.mark.slow
-def test_two_nodes_train_like_one_process_and_a_resume_on_one_process_continues_them(data_root, tmp_path,
-                                                                                      one_thread):
+def test_two_nodes_train_like_one_process_and_a_resume_on_one_process_continues_them(
+        data_root, tmp_path, one_thread):
     finish(two_nodes(data_root, tmp_path / 'two', free_port(), ONE_THREAD, **MULTI))
     one = run(data_root, tmp_path / 'one', **MULTI)
     assert losses(read_log(tmp_path / 'two')) == losses(one)  # gradient norms included
     assert_same_state(final_state(tmp_path / 'two'), final_state(tmp_path / 'one'))
-    # two nodes stop at step 40; one process resumes their checkpoint and ends as if it had run alone
-    finish(two_nodes(data_root, tmp_path / 'moved', free_port(), ONE_THREAD, **dict(MULTI, max_iters=40)))
+    # two nodes stop at step 40; one process resumes their checkpoint and ends as if it had run
+    # alone
+    finish(two_nodes(data_root, tmp_path / 'moved', free_port(), ONE_THREAD,
+                     **dict(MULTI, max_iters=40)))
     run(data_root, tmp_path / 'moved', **dict(MULTI, init_from='resume'))
     assert losses(read_log(tmp_path / 'moved')) == losses(one)
     assert_same_state(final_state(tmp_path / 'moved'), final_state(tmp_path / 'one'))
 
 
 def kill_one_node_and_finish(data_root, out, env):
-    """Two nodes; the worker of the second is SIGKILLed after the first checkpoint. Returns their output."""
-    agents = two_nodes(data_root, out, free_port(), env, **dict(MULTI, max_iters=120, lr_decay_iters=120,
-                                                                eval_interval=40))
+    """Two nodes; the worker of the second is SIGKILLed after the first checkpoint. Returns their
+    output."""
+    agents = two_nodes(data_root, out, free_port(), env, **LONG_MULTI)
     deadline = time.time() + 120
     while time.time() < deadline and not (out / 'ckpt.pt').exists():
         time.sleep(0.05)
@@ -580,8 +646,10 @@ def kill_one_node_and_finish(data_root, out, env):
 
 @pytest.mark.long
 @pytest.mark.slow
-@pytest.mark.parametrize('fresh_store', [False, True], ids=['shared_store', 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE'])
-def test_a_killed_worker_on_one_node_is_restarted_and_costs_nothing(data_root, tmp_path, fresh_store, one_thread):
+@pytest.mark.parametrize('fresh_store', [False, True],
+                         ids=['shared_store', 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE'])
+def test_a_killed_worker_on_one_node_is_restarted_and_costs_nothing(data_root, tmp_path,
+                                                                    fresh_store, one_thread):
     """With torchrun's shared store (the default) the ranks count their rounds in it
     (train.restart_store); with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 every round has a fresh one."""
     env = {k: v for k, v in ONE_THREAD.items() if k != 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE'}
@@ -589,10 +657,10 @@ def test_a_killed_worker_on_one_node_is_restarted_and_costs_nothing(data_root, t
         env['TORCH_DISABLE_SHARE_RDZV_TCP_STORE'] = '1'
     out = kill_one_node_and_finish(data_root, tmp_path / 'killed', env)
     assert 'resuming from' in out and re.search(r'starting at iter (40|80)\b', out)
-    straight = run(data_root, tmp_path / 'straight', **dict(MULTI, max_iters=120, lr_decay_iters=120,
-                                                             eval_interval=40))
+    straight = run(data_root, tmp_path / 'straight', **LONG_MULTI)
     a = read_log(tmp_path / 'killed')
-    assert losses(a) == losses(straight)  # every step and evaluation once, in order, the same numbers
+    # every step and evaluation once, in order, the same numbers
+    assert losses(a) == losses(straight)
     assert [e['iter'] for e in a if 'loss' in e] == list(range(10, 121, 10))
     assert_same_state(final_state(tmp_path / 'killed'), final_state(tmp_path / 'straight'))
 
@@ -611,7 +679,8 @@ def test_each_torchrun_restart_gets_keys_of_its_own(monkeypatch, capsys):
     assert server.get('kvgpt/restart_2/rank_0') == b'addr' and not server.check(['rank_0'])
     # across nodes the agents' restart counts can differ: the ranks count their rounds in the store
     monkeypatch.setenv('GROUP_WORLD_SIZE', '2')
-    rounds = [train.restart_store(2) for _ in range(4)]  # two rounds of world 2, whatever the counts say
+    # two rounds of world 2, whatever the counts say
+    rounds = [train.restart_store(2) for _ in range(4)]
     for i, store in enumerate(rounds):
         store.set(f'rank_{i % 2}', f'round {i // 2}')
     assert [server.get(f'kvgpt/restart_{r}/rank_{i}') for r in (0, 1) for i in (0, 1)] == [
@@ -627,7 +696,8 @@ def test_an_old_config_with_query_identity_means_query_identity(tmp_path):
     c = train.settings([str(old)])
     assert c['query'] == 'identity' and 'query_identity' not in c
     assert train.model_args_from(train.settings([]), {'vocab_size': 257})['query'] == 'linear'
-    with pytest.raises(UserError, match="config: query_identity=True contradicts query='nonlinear'"):
+    with pytest.raises(UserError,
+                       match="config: query_identity=True contradicts query='nonlinear'"):
         train.settings([str(old), '--query=nonlinear'])
 
 
@@ -654,13 +724,15 @@ def test_a_fixed_seed_trains_as_it_did(data_root, tmp_path, query):
 
 
 def test_every_log_step_has_the_gradient_norm_and_every_evaluation_its_probes(data_root, tmp_path):
-    clipped = run(data_root, tmp_path / 'clip', max_iters=4, eval_interval=2, dropout=0.0, grad_clip=1e-3)
-    free = run(data_root, tmp_path / 'free', max_iters=4, eval_interval=2, dropout=0.0, grad_clip=0.0)
+    short = dict(max_iters=4, eval_interval=2, dropout=0.0)
+    clipped = run(data_root, tmp_path / 'clip', grad_clip=1e-3, **short)
+    free = run(data_root, tmp_path / 'free', grad_clip=0.0, **short)
     norms = [[e['grad_norm'] for e in log if 'loss' in e] for log in (clipped, free)]
     assert len(norms[0]) == len(norms[1]) == 4 and all(n > 1e-3 for n in norms[0])
     # the norm before clipping: at step 1 both runs hold the same weights and batch
     assert norms[0][0] == pytest.approx(norms[1][0], rel=1e-6)
-    assert norms[0][1] != pytest.approx(norms[1][1], rel=1e-3)  # then the clipped run has moved less
+    # then the clipped run has moved less
+    assert norms[0][1] != pytest.approx(norms[1][1], rel=1e-3)
     for e in (e for e in clipped if 'val_loss' in e):
         assert e['eval_s'] > 0 and e['repeat_loss'] > 0
         assert len(e['induction']) == TINY['n_layer'] and all(len(h) == 2 for h in e['induction'])
@@ -671,7 +743,8 @@ def test_the_induction_probe_repeats_random_tokens_never_the_end_of_document(dat
     data = common.open_dataset(data_root, 'tiny', 32)
     x = data.repeated_tokens(4, 1337, train.INDUCTION_KEY)
     assert x.shape == (4, 32) and torch.equal(x[:, :16], x[:, 16:])
-    seen = set(np.memmap(os.path.join(data_root, 'tiny', 'train.bin'), dtype=data.meta['dtype'], mode='r').tolist())
+    path = os.path.join(data_root, 'tiny', 'train.bin')
+    seen = set(np.memmap(path, dtype=data.meta['dtype'], mode='r').tolist())
     assert set(x.flatten().tolist()) <= seen - {data.meta['eot']}
     assert torch.equal(x, data.repeated_tokens(4, 1337, train.INDUCTION_KEY))
     assert not torch.equal(x, data.repeated_tokens(4, 1338, train.INDUCTION_KEY))

@@ -10,11 +10,13 @@ out_dir = 'out-nonlinear'
 wandb_run_name = 'nonlinear'
 query = 'nonlinear'
 query_mix = 1.0  # "scale": q = x + f(x), not (x + f(x))/2 ...
-attn_scale = 1 / (2 * (n_embd // n_head) ** 0.5)  # ... with the halved scale 1/(2 sqrt(64)): the same logits
+# ... with the halved scale 1/(2 sqrt(64)): the same logits
+attn_scale = 1 / (2 * (n_embd // n_head) ** 0.5)
 learning_rate = 2.4e-3  # "learning_rate": 2.4e-3 (the baseline's 6e-4 x 4)
 weight_decay = 2 ** -5  # "weight_decay": 2**-5
 min_lr = 3e-5  # "min_lr": 3e-5
 warmup_iters = 2000  # "warmup_iters": 2000
 max_iters = 60002  # "max_iters": 60002, about 29.5B tokens at 491,520 tokens per step
-lr_decay_iters = 60002  # "lr_decay_iters": 60002: a full cosine to min_lr, not the first paper's 600k horizon
+# "lr_decay_iters": 60002: a full cosine to min_lr, not the first paper's 600k horizon
+lr_decay_iters = 60002
 keep_checkpoints = (50000,)  # "save_checkpoint_steps": the steps of it inside the run

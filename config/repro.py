@@ -1,7 +1,8 @@
 # The scaled-down setting of docs/experiments.md, stacked on config/small.py:
 #   python train.py config/small.py config/repro.py --query=identity --weight_decay=0.03125
 # What it keeps from the paper's setting (the design says why each matters):
-# - head size 64 (2 heads of n_embd 128), the size for which the paper chose the 1/(2 sqrt(hd)) scale;
+# - head size 64 (2 heads of n_embd 128), the size for which the paper chose the 1/(2 sqrt(hd))
+#   scale;
 # - the schedule's shape: warmup for 2% of the run, and a cosine horizon 5.72x the run, so the
 #   run ends at 93.6% of the peak LR, where the authors' 105k-step runs on a 600k cosine end.
 # 1200 steps of 16 x 128 byte tokens = 2.46M tokens, 1.09 passes over pydocs' training split.
