@@ -58,6 +58,24 @@ def test_sign_flip_p_counts_the_patterns():
     assert report.sign_flip_p([1, -1, 1, -1]) == 1.0
 
 
+def test_sign_flip_p_equals_counting_every_pattern_one_by_one():
+    """The meet-in-the-middle count against the 2^n patterns enumerated, ties included."""
+    import itertools
+    import random
+    rng = random.Random(0)
+
+    def by_enumeration(gaps):
+        observed = abs(sum(gaps))
+        patterns = itertools.product((1, -1), repeat=len(gaps))
+        hits = sum(abs(sum(g * s for g, s in zip(gaps, signs))) >= observed - 1e-12
+                   for signs in patterns)
+        return hits / 2 ** len(gaps)
+    for n in range(1, 13):
+        for gaps in ([round(rng.gauss(0.5, 1), 1) for _ in range(n)],  # ties are common
+                     [rng.gauss(0.5, 1) for _ in range(n)], [0.0] * n):
+            assert report.sign_flip_p(gaps) == by_enumeration(gaps), gaps
+
+
 def test_holm_adjusts_step_down_and_stays_monotone():
     assert report.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert report.holm([0.001, 0.5]) == pytest.approx([0.002, 0.5])
