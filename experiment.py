@@ -557,10 +557,13 @@ def run_all(c, d):
     base, running, stopped, signals = d.base_config(), {}, set(), []
     handlers = {s: signal.signal(s, lambda signum, frame: signals.append(signum))
                 for s in (signal.SIGTERM, signal.SIGINT)}
+    replan = True  # the plan reads every committed log: only when a run has ended
     try:
         while True:
-            todo, _, waiting, _ = pending(c['root'], d)
-            todo = [r for r in todo if r not in running and r not in stopped]
+            if replan:
+                todo, _, waiting, _ = pending(c['root'], d)
+                todo = [r for r in todo if r not in running and r not in stopped]
+                replan = False
             while todo and len(running) < c['jobs'] and not signals:
                 run = todo.pop(0)
                 running[run] = start(run, c, base, d)
@@ -574,6 +577,7 @@ def run_all(c, d):
             for run, (proc, work, out) in list(running.items()):
                 if proc.poll() is not None:
                     del running[run]
+                    replan = True
                     if finish(run, proc, work, out, c['root'], d) is None:
                         stopped.add(run)
     finally:

@@ -326,6 +326,38 @@ def test_runner_runs_commits_and_skips(data_root, tmp_path, monkeypatch, capsys)
     assert E.main([f'--root={root}', '--status=True', f'--design={E.NAME}']) == []
 
 
+def test_the_runner_plans_again_only_when_a_run_ends(monkeypatch, capsys):
+    """The plan reads every committed log, so polling the running jobs must not redo it: once at
+    the start, then once after each poll at which runs ended, however many polls a run lasts."""
+    runs = [E.Run('baseline', 2e-3, 0.1, s) for s in (1, 2, 3)]
+    done, plans = set(), []
+
+    def pending(root, d):
+        plans.append(sorted(r.seed for r in done))
+        return [r for r in runs if r not in done], {}, [], {}
+
+    class Proc:  # a job that reports itself finished on its fifth poll
+        def __init__(self):
+            self.polls = 0
+
+        def poll(self):
+            self.polls += 1
+            return 0 if self.polls >= 5 else None
+
+    def finish(run, proc, work, out, root, d):
+        done.add(run)
+        return 'finished'
+    monkeypatch.setattr(E, 'pending', pending)
+    monkeypatch.setattr(E, 'start', lambda run, c, base, d: (Proc(), None, None))
+    monkeypatch.setattr(E, 'finish', finish)
+    monkeypatch.setattr(E.time, 'sleep', lambda s: None)
+    monkeypatch.setattr(E, 'base_config', dict)
+    E.run_all(dict(root='unused', jobs=2), E)
+    # two jobs at a time: seeds 1 and 2 end on the same poll, then seed 3 on its own
+    assert plans == [[], [1, 2], [1, 2, 3]]
+    assert capsys.readouterr().out == "nothing left to run\n"
+
+
 def test_a_diverged_run_is_committed_as_infinitely_bad(tmp_path):
     work, dest = tmp_path / 'work', tmp_path / 'dest'
     work.mkdir()
