@@ -28,7 +28,7 @@ def data_root(tmp_path_factory):
     import prepare
     root = tmp_path_factory.mktemp('data')
     docs = root / 'docs.jsonl'
-    text = ' '.join(prepare.pydocs_documents()[:60])
+    text = ' '.join(prepare.pydocs_topics()[:60])
     with open(docs, 'w') as f:
         for i in range(0, len(text), 2000):
             f.write(json.dumps({'text': text[i:i + 2000]}) + '\n')

@@ -60,14 +60,21 @@ def stdlib_files():
             continue
 
 
+def pydocs_topics():
+    """pydocs' first documents: the pydoc topic pages (the language reference behind
+    help('if'), ...), one per topic in sorted order. Instant, where the whole corpus parses the
+    standard library."""
+    from pydoc_data.topics import topics
+    return [f"{name}\n\n{text.strip()}\n" for name, text in sorted(topics.items())]
+
+
 @functools.lru_cache(maxsize=1)
 def pydocs_documents():
-    """'pydocs': the pydoc topic pages (the language reference behind help('if'), ...) plus
-    the docstrings of every standard-library module, one document per topic / per module,
-    in sorted order: the same bytes on every machine with the same Python build. A tuple,
-    made once per process (parsing the standard library takes seconds)."""
-    from pydoc_data.topics import topics
-    docs = [f"{name}\n\n{text.strip()}\n" for name, text in sorted(topics.items())]
+    """'pydocs': the pydoc topic pages plus the docstrings of every standard-library module, one
+    document per topic / per module, in sorted order: the same bytes on every machine with the
+    same Python build. A tuple, made once per process (parsing the standard library takes
+    seconds)."""
+    docs = pydocs_topics()
     for rel, source in stdlib_files():
         try:
             tree = ast.parse(source)

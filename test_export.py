@@ -30,7 +30,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp('export')
     docs = root / 'docs.jsonl'
     with open(docs, 'w') as f:
-        for d in prepare.pydocs_documents()[:30]:
+        for d in prepare.pydocs_topics()[:30]:
             f.write(json.dumps({'text': d}) + '\n')
     prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='gpt2', data_root=str(root),
                          num_proc=1, out_name='d'))

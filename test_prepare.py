@@ -130,6 +130,8 @@ def test_pydocs_is_deterministic_english_over_a_megabyte():
     docs = prepare.pydocs_documents()
     # made again from scratch, not the cached copy
     assert docs == prepare.pydocs_documents.__wrapped__()
+    topics = prepare.pydocs_topics()  # the corpus's first documents, the tests' small datasets
+    assert len(topics) > 60 and list(docs[:len(topics)]) == topics
     text = ''.join(docs)
     assert len(text.encode()) > 1_000_000 and text.count(' the ') > 10_000
 

@@ -125,7 +125,7 @@ def trained(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f'sample-{request.param}')
     docs = root / 'docs.jsonl'
     with open(docs, 'w') as f:
-        for d in prepare.pydocs_documents()[:40]:
+        for d in prepare.pydocs_topics()[:40]:
             f.write(json.dumps({'text': d}) + '\n')
     prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer=request.param,
                          data_root=str(root), num_proc=1, out_name='d'))
