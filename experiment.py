@@ -320,6 +320,12 @@ def interval95(values):
     return m, m - half, m + half
 
 
+def interval_cell(values):
+    """'mean [low, high]' of interval95, in % with a sign: a table cell."""
+    m, lo, hi = interval95(values)
+    return f"{pct(m)} [{pct(lo)}, {pct(hi)}]"
+
+
 def trend_block(results, phases):
     series, slopes = seed_slopes(results, phases)
     if len(slopes) < len(TREND_SEEDS):
@@ -327,10 +333,8 @@ def trend_block(results, phases):
     rows = [f"| tokens | paired gap {TREND_ARMS[1]} − {TREND_ARMS[0]}, mean [95% interval] |",
             "|---|---|"]
     for i, (tokens, _) in enumerate(series[TREND_SEEDS[0]]):
-        m, lo, hi = interval95([series[s][i][1] for s in TREND_SEEDS])
-        rows.append(f"| {tokens:,} | {pct(m)} [{pct(lo)}, {pct(hi)}] |")
-    m, lo, hi = interval95(list(slopes.values()))
-    rows.append(f"| slope per doubling of tokens | {pct(m)} [{pct(lo)}, {pct(hi)}] |")
+        rows.append(f"| {tokens:,} | {interval_cell([series[s][i][1] for s in TREND_SEEDS])} |")
+    rows.append(f"| slope per doubling of tokens | {interval_cell(list(slopes.values()))} |")
     return '\n'.join(rows) + '\n\n![the paired gap against the budget](assets/trend.png)\n'
 
 
@@ -352,9 +356,8 @@ def geometry_block(results, phases):
     rows = [f"| init_std | σ·√d | paired gap {GEOMETRY_ARMS[1]} − {GEOMETRY_ARMS[0]}, "
             "mean [95% interval] |", "|---|---|---|"]
     for std_value, gaps in ((0.02, std), (GEOMETRY_STD, wide)):
-        m, lo, hi = interval95(list(gaps.values()))
         rows.append(f"| {std_value:g} | {std_value * 128 ** 0.5:.2f} "
-                    f"| {pct(m)} [{pct(lo)}, {pct(hi)}] |")
+                    f"| {interval_cell(list(gaps.values()))} |")
     m, lo, hi = interval95([wide[s] - std[s] for s in GEOMETRY_SEEDS])
     word = ("depends on the init geometry" if lo > 0 or hi < 0
             else "no dependence on the init geometry detected")

@@ -144,13 +144,13 @@ def grad_ratio(log, warmup):
     return norms[-1] / norms[len(norms) // 2] if norms and norms[len(norms) // 2] > 0 else None
 
 
-def run_state(root, run, results, warmup):
-    """'diverged', 'spiked at step (+rise%)…', '' (clean) or None (not committed)."""
-    if run.name not in results:
+def run_state(loss, log, warmup):
+    """'diverged', 'spiked at step (+rise%)…', '' (clean) or None (not committed: loss None)."""
+    if loss is None:
         return None
-    if math.isinf(results[run.name]):
+    if math.isinf(loss):
         return 'diverged'
-    found = spikes(log_of(root, run), warmup)
+    found = spikes(log, warmup)
     return ('spiked at ' + ', '.join(f"{k} ({E.pct(v)})" for k, v in list(found.items())[:3])
             if found else '')
 
@@ -164,10 +164,11 @@ def lr_rows(root, results, lrs_of):
         for lr in lrs_of(arm):
             seeds = [Run(arm, lr, WD[arm], s) for s in SELECTION_SEEDS]
             losses = [results.get(r.name) for r in seeds]
+            logs = [log_of(root, r) if r.name in results else None for r in seeds]  # read once
             rows.append(dict(arm=arm, lr=lr, losses=losses, selected=lr == chosen,
-                             states=[run_state(root, r, results, warmup) for r in seeds],
-                             grad=[grad_ratio(log_of(root, r), warmup) if r.name in results
-                                   else None for r in seeds],
+                             states=[run_state(x, g, warmup) for x, g in zip(losses, logs)],
+                             grad=[grad_ratio(g, warmup) if g is not None else None
+                                   for g in logs],
                              mean=None if None in losses else sum(losses) / len(losses)))
     return rows
 
@@ -346,11 +347,6 @@ def complete_trajectories(root, results, phases):
     return out, ("Not yet: paired seeds so far " + ", ".join(waiting) + ".\n" if waiting else "")
 
 
-def interval_cell(values):
-    m, lo, hi = E.interval95(values)
-    return f"{E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}]"
-
-
 def trajectory_block(root, results, phases):
     comps, note = complete_trajectories(root, results, phases)
     if not comps:
@@ -359,11 +355,11 @@ def trajectory_block(root, results, phases):
     rows = ["| step | " + " | ".join(f"{c} {a} − {r}, mean [95% interval]" for a, r, c, _ in comps)
             + " |", "|---|" + "---|" * len(comps)]
     for step in steps:
-        rows.append(f"| {step} | " + " | ".join(interval_cell([series[s][step] for s in series])
+        rows.append(f"| {step} | " + " | ".join(E.interval_cell([series[s][step] for s in series])
                                                 for *_, series in comps) + " |")
     last = [k for k in steps if k >= steps[-1] * 2 / 3]
     rows.append(f"| slope over steps {last[0]}–{last[-1]}, per 100 steps | " + " | ".join(
-        interval_cell([slope([(k, series[s][k]) for k in last]) for s in series])
+        E.interval_cell([slope([(k, series[s][k]) for k in last]) for s in series])
         for *_, series in comps) + " |")
     return '\n'.join(rows) + '\n\n![the paired gap through the run](assets/v3_trajectory.png)\n' + (
         '\n' + note if note else '')
@@ -383,11 +379,10 @@ def longer_block(results, phases):
     rows = [f"| budget | paired gap {arm} − {ref}, mean [95% interval] | per seed |",
             "|---|---|---|"]
     for label, gaps in (("1×", short), (f"{LONG_BUDGET:g}×", longer)):
-        m, lo, hi = E.interval95(list(gaps.values()))
-        rows.append(f"| {label} | {E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] | " +
+        rows.append(f"| {label} | {E.interval_cell(list(gaps.values()))} | " +
                     ", ".join(f"{s}: {E.pct(g)}" for s, g in sorted(gaps.items())) + " |")
-    m, lo, hi = E.interval95([longer[s] - short[s] for s in LONG_SEEDS])
-    rows.append(f"| {LONG_BUDGET:g}× − 1× | {E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] | |")
+    difference = E.interval_cell([longer[s] - short[s] for s in LONG_SEEDS])
+    rows.append(f"| {LONG_BUDGET:g}× − 1× | {difference} | |")
     return '\n'.join(rows) + '\n'
 
 
@@ -454,7 +449,6 @@ def dtype_block(root, results, phases):
                                   if e.get('dt_ms'))
     med = {k: v[len(v) // 2] for k, v in (('fp32', step_ms(fp32)), ('bf16', step_ms(bf16)))}
     gaps = E.gaps_of(results, fp32, bf16)
-    m, lo, hi = E.interval95(list(gaps.values()))
     return (f"| | float32 | bf16 autocast |\n|---|---|---|\n"
             f"| median step time (ms, every logged step of "
             f"{len(DTYPE_SEEDS)} runs) | {med['fp32']:.1f} | {med['bf16']:.1f} |\n"
@@ -462,7 +456,7 @@ def dtype_block(root, results, phases):
             f"{sum(results[r.name] for r in bf16) / len(bf16):.4f} |\n\n"
             f"Paired difference bf16 − fp32 ({DTYPE_ARM}, "
             f"seeds {DTYPE_SEEDS[0]}–{DTYPE_SEEDS[-1]}): "
-            f"{E.pct(m)} [{E.pct(lo)}, {E.pct(hi)}] (95%).\n")
+            f"{E.interval_cell(list(gaps.values()))} (95%).\n")
 
 
 def stability_word(root, results):
