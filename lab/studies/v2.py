@@ -25,3 +25,21 @@ phases = [
     # the LR grid's resolution: the selected LR over and times sqrt(2)
     dict(name='refine', kind='at', arms=ARMS, seeds=(100,), lr_factors=(2 ** -0.5, 2 ** 0.5)),
 ]
+
+# the write-up: docs/experiments.md's generated blocks and docs/assets/ figures
+GEOMETRY = dict(pair=PAIR, seeds=TEST[:4], init_std=GEOMETRY_STD)
+TREND = dict(pair=PAIR, budgets=(0.25, 0.5), seeds=TEST[:4])
+tables = dict(
+    tuning=dict(kind='wd_lr_tuning', arms=ARMS),
+    verdict=dict(kind='arm_verdicts', arms=ARMS, seeds=TEST),
+    trend=dict(kind='trend', figure='assets/trend.png', **TREND),
+    geometry=dict(kind='geometry', figure='assets/geometry.png', **GEOMETRY),
+    refine=dict(kind='refine', arms=ARMS, seed=100, factors=(2 ** -0.5, 2 ** 0.5)),
+    diagnostics=dict(kind='diagnostics_note', arms=ARMS, seed=TEST[0],
+                     figure='assets/diagnostics.png'),
+)
+figures = {
+    'trend.png': dict(kind='trend', **TREND),
+    'geometry.png': dict(kind='geometry', **GEOMETRY),
+    'diagnostics.png': dict(kind='diagnostics', arms=ARMS, seed=TEST[0]),
+}

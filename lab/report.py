@@ -2,10 +2,10 @@
 Compare finished runs: loss curves, a table, and, for runs repeated over paired seeds, the
 paired gap against the first variant with the verdict of the decision rule stated below.
 
-    python report.py out-small/baseline out-small/reduced --png=loss.png --md=table.md
-    python report.py out-repro/baseline_wd0.1_s{1,2,3} out-repro/reduced_wd0.03125_s{1,2,3} \
+    python -m lab.report out-small/baseline out-small/reduced --png=loss.png --md=table.md
+    python -m lab.report out-repro/baseline_wd0.1_s{1,2,3} out-repro/reduced_wd0.03125_s{1,2,3} \
         --md=repro.md --gap_png=gap.png --diag_png=diag.png
-    python report.py out-repro/*_s1 --sweep=True --md=sweep.md --png=sweep.png
+    python -m lab.report out-repro/*_s1 --sweep=True --md=sweep.md --png=sweep.png
 
 The first run (the first variant) is the reference. Runs whose names differ only by a final
 `_s<seed>` are one variant over seeds, paired by seed (seed = data_seed: the same batches).
@@ -14,9 +14,7 @@ test rejects after Holm's correction across the table's comparisons, "matches" w
 one-sided tests put the gap within +-0.3%, else "could not tell". The final val loss is
 val_loss_full (every val token once) where the run has it. matplotlib is needed for plots.
 """
-import bisect
 import functools
-import math
 import os
 import re
 import statistics
@@ -26,6 +24,7 @@ import torch
 
 from common import (UserError, atomic_write, load_checkpoint, parse_config, read_json, read_jsonl,
                     run_main, variants, write_text)
+from lab import stats
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -43,9 +42,6 @@ QUERY_LABEL = dict(linear='full attention', identity='W_Q=I', residual='q=x+xW_Q
 BANDS = [(0.0, 'equal'), (0.1, '+-0.1%'), (-0.1, None), (-0.35, '-0.35%')]
 # what variant files are read against
 DEFAULT_GEOMETRY = {k: v for k, v in GPTConfig().__dict__.items()}
-# % of loss: the smallest effect of interest; "matches" means within it (docs/experiments.md)
-MARGIN = 0.3
-ALPHA = 0.05
 
 
 def read_run(out_dir):
@@ -124,149 +120,23 @@ def paired_gaps(ref_runs, runs, at=None):
     return gaps
 
 
-def mean_sd(values):
-    values = list(values)
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else float('nan'))
-
-
-# -----------------------------------------------------------------------------
-# statistics of paired gaps: Student t for any degrees of freedom, the exact sign-flip
-# permutation test, two one-sided tests for equivalence, and Holm's correction
-
-def betainc(a, b, x):
-    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified
-    Lentz)."""
-    if x <= 0 or x >= 1:
-        return float(x >= 1)
-    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below this point: use the symmetry
-        return 1 - betainc(b, a, 1 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                     + a * math.log(x) + b * math.log1p(-x)) / a
-    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
-    for i in range(400):
-        m = i // 2
-        if i == 0:
-            num = 1.0
-        elif i % 2:
-            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        else:
-            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        d = 1 + num * d
-        d = 1 / (d if abs(d) > tiny else tiny)
-        c = 1 + num / c if abs(1 + num / c) > tiny else tiny
-        f *= c * d
-        if abs(1 - c * d) < 1e-15:
-            break
-    return front * (f - 1)
-
-
-def t_cdf(t, df):
-    """P(T <= t) for Student's t with df degrees of freedom."""
-    tail = 0.5 * betainc(df / 2, 0.5, df / (df + t * t))
-    return 1 - tail if t > 0 else tail
-
-
-def t_quantile(p, df):
-    """The t with P(T <= t) = p, by bisection on t_cdf: any degrees of freedom, no table."""
-    lo, hi = -1e3, 1e3
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-def signed_sums(values):
-    """The sum of values under each of the 2^n patterns of signs."""
-    sums = [0.0]
-    for v in values:
-        sums = [s + v for s in sums] + [s - v for s in sums]
-    return sums
-
-
-def sign_flip_p(gaps):
-    """The exact two-sided permutation p of a mean paired gap: the share of the 2^n patterns of
-    signs whose |mean| is at least the observed one (the observed pattern among them). Counted
-    meet-in-the-middle, each half's 2^(n/2) signed sums against the other's sorted ones, so 20
-    seeds cost a millisecond rather than a million sums."""
-    threshold = abs(sum(gaps)) - 1e-12
-    if threshold <= 0:
-        return 1.0
-    half = len(gaps) // 2
-    firsts, seconds = signed_sums(gaps[:half]), sorted(signed_sums(gaps[half:]))
-    hits = sum(len(seconds) - bisect.bisect_left(seconds, threshold - a)  # a + b >= threshold
-               + bisect.bisect_right(seconds, -threshold - a)  # a + b <= -threshold
-               for a in firsts)
-    return hits / 2 ** len(gaps)
-
-
-def tost_p(gaps, margin):
-    """Two one-sided t tests that the mean gap lies within +-margin: the larger of their p
-    values."""
-    mean, sd = mean_sd(gaps)
-    se, df = sd / len(gaps) ** 0.5, len(gaps) - 1
-    return max(1 - t_cdf((mean + margin) / se, df), t_cdf((mean - margin) / se, df))
-
-
-def holm(pvalues):
-    """Holm's step-down adjusted p values, in the input order."""
-    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
-    adjusted, running = [0.0] * len(pvalues), 0.0
-    for step, i in enumerate(order):
-        running = max(running, min(1.0, (len(pvalues) - step) * pvalues[i]))
-        adjusted[i] = running
-    return adjusted
-
-
-def compare(gap_sets, margin=MARGIN, alpha=ALPHA):
-    """The decision rule of docs/experiments.md for each comparison's paired gaps (%),
-    Holm-corrected across them: a dict per comparison with the mean, sd, t p, permutation p, TOST
-    p, their Holm adjustments, the interval at the comparison's Holm level, and the verdict."""
-    out = []
-    for gaps in gap_sets:
-        mean, sd = mean_sd(gaps)
-        df, se = len(gaps) - 1, sd / len(gaps) ** 0.5
-        if df > 0 and se > 0:
-            p_t, p_tost = 2 * (1 - t_cdf(abs(mean) / se, df)), tost_p(gaps, margin)
-        else:  # one seed is no evidence; identical gaps are certainty
-            p_t, p_tost = (1.0, 1.0) if df == 0 else (float(mean == 0), float(abs(mean) >= margin))
-        out.append(dict(n=len(gaps), mean=mean, sd=sd, se=se, p_t=p_t, p_perm=sign_flip_p(gaps),
-                        p_tost=p_tost))
-    for key in ('p_t', 'p_tost'):
-        for r, adjusted in zip(out, holm([r[key] for r in out])):
-            r[key + '_holm'] = adjusted
-    by_p = sorted(range(len(out)), key=lambda i: out[i]['p_t'])
-    for step, i in enumerate(by_p):  # the level at which Holm tests comparison i
-        r = out[i]
-        r['level'] = 1 - alpha / (len(out) - step)
-        r['half'] = (t_quantile(1 - (1 - r['level']) / 2, r['n'] - 1) * r['se']
-                     if r['n'] > 1 else float('nan'))
-        r['verdict'] = ('worse' if r['mean'] > 0 else 'better') if r['p_t_holm'] < alpha else \
-            'matches' if r['p_tost_holm'] < alpha else 'could not tell'
-        r['flag'] = (r['p_t'] < alpha) != (r['p_perm'] < alpha)
-        # the smallest gap this noise detects with 80% power at Holm's strictest level (a t
-        # approximation)
-        r['mde'] = ((t_quantile(1 - alpha / len(out) / 2, r['n'] - 1)
-                     + t_quantile(0.8, r['n'] - 1)) * r['se'] if r['n'] > 1 else float('nan'))
-    return out
-
-
 def aggregate_table(groups):
     """Each variant against the first over paired seeds, by the rule of docs/experiments.md (Holm
     across the table's comparisons, equivalence within +-MARGIN %)."""
     (ref_name, ref_runs), others = next(iter(groups.items())), list(groups.items())[1:]
-    stats = compare([list(paired_gaps(ref_runs, runs).values()) for _, runs in others])
+    found = stats.compare([list(paired_gaps(ref_runs, runs).values()) for _, runs in others])
     rows = [f"| variant | weight decay | seeds | final val loss (mean +- sd) "
             f"| paired gap to {ref_name} (mean +- sd) | interval (Holm level) | p (Holm) "
             "| verdict |",
             "|---|---|---|---|---|---|---|---|"]
     for i, (name, runs) in enumerate(groups.items()):
-        mean, sd = mean_sd(final(r) for r in runs)
+        mean, sd = stats.mean_sd(final(r) for r in runs)
         wd = ', '.join(sorted({f"{r['config']['weight_decay']:g}" for r in runs}))
         head = f"| {name} | {wd} | {len(runs)} | {mean:.4f} +- {sd:.4f} |"
         if i == 0:
             rows.append(head + " (reference) | | | |")
             continue
-        s = stats[i - 1]
+        s = found[i - 1]
         rows.append(f"{head} {s['mean']:+.2f}% +- {s['sd']:.2f}% | [{s['mean'] - s['half']:+.2f}%, "
                     f"{s['mean'] + s['half']:+.2f}%] ({100 * s['level']:.1f}%) "
                     f"| {s['p_t']:.3f} ({s['p_t_holm']:.3f}) | {s['verdict']} |")
@@ -363,7 +233,7 @@ def plot_gaps(groups, path):
     ref_name, ref_runs = next(iter(groups.items()))
     for name, runs in list(groups.items())[1:]:
         iters = [e['iter'] for e in runs[0]['evals'] if e['iter'] > 0]
-        points = [(it, mean_sd(paired_gaps(ref_runs, runs, at=it).values())) for it in iters
+        points = [(it, stats.mean_sd(paired_gaps(ref_runs, runs, at=it).values())) for it in iters
                   if paired_gaps(ref_runs, runs, at=it)]
         last = runs[0]['evals'][-1]
         tokens = [it * last['tokens'] / last['iter'] for it, _ in points]
@@ -437,7 +307,7 @@ def main(argv=None):
     c = parse_config(DEFAULTS, [a for a in argv if a.startswith('-')])
     if not dirs:
         raise UserError("give one or more run directories: "
-                        "python report.py out-a out-b [--png=x.png] [--md=x.md]")
+                        "python -m lab.report out-a out-b [--png=x.png] [--md=x.md]")
     runs = [read_run(d) for d in dirs]
     if c['best']:
         best = min(zip(runs, dirs), key=lambda rd: final(rd[0]))[1]

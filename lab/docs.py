@@ -1,0 +1,72 @@
+"""
+A study's write-up: the generated blocks of its docs (between `<!-- generated: NAME -->` and
+`<!-- end -->`) and its figures, rewritten from the committed logs alone:
+
+    python -m lab.study lab/studies/*.py --report=True
+
+Each block is a kind of table (lab/tables.py, lab/tables_v2.py) and each figure a kind of
+figure (lab/figures.py), named with its parameters in the study file's `tables` and `figures`.
+"""
+import os
+import re
+
+from common import UserError, write_text
+from lab import figures, tables, tables_v2
+from lab.tables import Context
+
+TABLES = dict(tuning=tables.tuning_table, stability=tables.stability_table,
+              verdicts=tables.verdicts_table, trajectory=tables.trajectory_table,
+              budget_gap=tables.budget_gap_table, induction=tables.induction_table,
+              dtype=tables.dtype_table, claims=tables.claims_table, **tables_v2.TABLES)
+BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
+
+
+def fill(text, made):
+    """The docs' text with each block named in made replaced by its new content."""
+    return BLOCK.sub(lambda m: m.group(1) + made[m.group(2)] + m.group(4) if m.group(2) in made
+                     else m.group(0), text)
+
+
+def made_by(ctx, specs, kinds, what):
+    """{name: kind(ctx, **parameters)} for each of the study's tables or figures."""
+    out = {}
+    for name, spec in specs.items():
+        spec = dict(spec)
+        kind = spec.pop('kind', None)
+        if kind not in kinds:
+            raise UserError(f"{ctx.s.path}: {what} {name} has unknown kind {kind!r} (one of "
+                            f"{', '.join(kinds)})")
+        out[name] = kinds[kind](ctx, **spec)
+    return out
+
+
+def blocks(s, root):
+    """{block name: markdown} of every table the study declares, from its committed logs."""
+    return made_by(Context(s, root), s.tables, TABLES, 'table')
+
+
+def write_figures(s, root, folder):
+    """Each figure the study declares whose runs are committed (a kind returns None until
+    then)."""
+    ctx = Context(s, root)
+    drawn = made_by(ctx, {name: dict(spec, path=os.path.join(folder, name))
+                          for name, spec in s.figures.items()}, figures.FIGURES, 'figure')
+    return [name for name, done in drawn.items() if done]
+
+
+def write_report(s, root):
+    """Rewrite the study's blocks of its docs, then its figures; return the blocks."""
+    if not os.path.isfile(s.docs):
+        raise UserError(f"{s.docs} not found: a study's docs is the write-up whose generated "
+                        "blocks are rewritten")
+    with open(s.docs) as f:
+        text = f.read()
+    made = blocks(s, root)
+    missing = [name for name in made if f'<!-- generated: {name} -->' not in text]
+    if missing:
+        raise UserError(f"{s.docs} has no block for {', '.join(missing)}: add "
+                        f"'<!-- generated: {missing[0]} -->' and '<!-- end -->' where it goes")
+    write_text(s.docs, fill(text, made))
+    print(f"wrote {len(made)} blocks of {s.name} into {s.docs}")
+    write_figures(s, root, os.path.join(os.path.dirname(s.docs), 'assets'))
+    return made

@@ -1,0 +1,131 @@
+"""
+A study's figures, from its committed logs alone: each one a kind below with the parameters the
+study file's `figures` gives it (and its path). A kind draws nothing and returns None until its
+runs are committed. Colours are the variants' own (lab/report.py's variant_color).
+"""
+import math
+
+from lab import report, stats, tables
+from lab.tables_v2 import geometry_gaps, seed_slopes
+
+
+def trend_figure(ctx, path, pair, budgets, seeds):
+    series, slopes = seed_slopes(ctx, pair, budgets, seeds)
+    if len(slopes) < len(seeds):
+        return None
+    fig, ax = report.pyplot().subplots(figsize=(7, 4.5))
+    for seed in seeds:
+        ax.plot(*zip(*series[seed]), color='grey', alpha=0.5, lw=0.8, marker='.')
+    points = list(zip(*[series[s] for s in seeds]))
+    found = [stats.interval95([g for _, g in p]) for p in points]
+    ax.errorbar([p[0][0] for p in points], [m for m, _, _ in found],
+                yerr=[[m - lo for m, lo, _ in found], [hi - m for m, _, hi in found]],
+                color=report.variant_color(pair[1]), marker='o', capsize=4,
+                label="mean over seeds, 95% interval (grey: each seed)")
+    ax.axhline(0, color='black', lw=0.8)
+    ax.set(xscale='log', xlabel='tokens', ylabel=f'{pair[1]} − {pair[0]} (% of val loss)',
+           title='paired gap against the budget')
+    ax.legend(fontsize=8)
+    report.save_figure(fig, path)
+    return True
+
+
+def geometry_figure(ctx, path, pair, seeds, init_std):
+    wide, std = geometry_gaps(ctx, pair, seeds, init_std)
+    if not len(wide) == len(std) == len(seeds):
+        return None
+    base_std = 0.02
+    fig, ax = report.pyplot().subplots(figsize=(6, 4.5))
+    for i, seed in enumerate(seeds):
+        ax.plot([base_std, init_std], [std[seed], wide[seed]],
+                color=report.variant_color(pair[1]), marker='o', alpha=0.7,
+                label=None if i else f"one line per test seed ({len(seeds)})")
+    ax.axhline(0, color='black', lw=0.8)
+    ax.set(xticks=[base_std, init_std], xlabel='init_std', ylabel=f'{pair[1]} − {pair[0]} (%)',
+           title='paired gap at two init geometries')
+    ax.legend(fontsize=8)
+    report.save_figure(fig, path)
+    return True
+
+
+def diagnostics_figure(ctx, path, arms, seed):
+    runs = [r for a in arms for r in ctx.done(a, (seed,))]
+    if len(runs) < len(arms):
+        return None
+    report.plot_diagnostics([dict(report.read_run(ctx.folders[r.name]), name=r.name)
+                             for r in runs], path)
+    return True
+
+
+def stability_figure(ctx, path, arms):
+    rows = [r for r in tables.stability_rows(ctx, arms) if None not in r['losses']]
+    if not rows:
+        return None
+    fig, ax = report.pyplot().subplots(figsize=(7, 4.5))
+    diverged = []
+    for i, arm in enumerate(arms):
+        mine, color = [r for r in rows if r['arm'] == arm], report.variant_color(arm, i)
+        for r in mine:
+            for loss, state in zip(r['losses'], r['states']):
+                if math.isfinite(loss):
+                    ax.scatter(r['lr'], loss, color=color, marker='x' if state else 'o', s=18,
+                               alpha=0.7)
+                else:
+                    diverged.append((r['lr'], color))
+        finite = [r for r in mine if math.isfinite(r['mean'])]
+        ax.plot([r['lr'] for r in finite], [r['mean'] for r in finite], color=color, label=arm)
+    top = ax.get_ylim()[1]
+    for lr, color in diverged:  # a diverged run has no loss: a triangle on the top edge
+        ax.scatter(lr, top, color=color, marker='^', s=30, clip_on=False)
+    ax.set(xscale='log', xlabel='peak LR', ylabel='full val loss', ylim=(None, top),
+           title='every selection seed (x: spiked, ▲ on the top edge: diverged), line: the mean')
+    ax.legend(fontsize=8)
+    report.save_figure(fig, path)
+    return True
+
+
+def trajectory_figure(ctx, path, comparisons):
+    comps = tables.complete_trajectories(ctx, comparisons)[0]
+    if not comps:
+        return None
+    fig, ax = report.pyplot().subplots(figsize=(7, 4.5))
+    for i, (c, series) in enumerate(comps):
+        steps = sorted(next(iter(series.values())))
+        found = [stats.interval95([series[s][k] for s in series]) for k in steps]
+        color = report.variant_color(c['arm'], i) if c['ref'] == 'baseline' else 'grey'
+        ax.plot(steps, [m for m, _, _ in found], color=color, marker='.',
+                label=f"{c['label']} {c['arm']} − {c['ref']}")
+        ax.fill_between(steps, [lo for _, lo, _ in found], [hi for _, _, hi in found],
+                        color=color, alpha=0.15)
+    ax.axhline(0, color='black', lw=0.8)
+    ax.set(xlabel='step', ylabel='paired gap on the fixed val windows (%)',
+           title='the paired gap through the run (mean, 95% interval)')
+    ax.legend(fontsize=8)
+    report.save_figure(fig, path)
+    return True
+
+
+def induction_figure(ctx, path, arms, seeds, threshold):
+    done = tables.induction_arms(ctx, arms, seeds)
+    if not done:
+        return None
+    fig, (top, bottom) = report.pyplot().subplots(2, 1, figsize=(7, 6.5), sharex=True)
+    for i, arm in enumerate(done):
+        curves = [tables.induction_curve(ctx.log(r)) for r in ctx.done(arm, seeds)]
+        steps, color = sorted(curves[0]), report.variant_color(arm, i)
+        top.plot(steps, [sum(c[k][0] for c in curves) / len(curves) for k in steps], color=color,
+                 label=arm)
+        bottom.plot(steps, [sum(c[k][1] for c in curves) / len(curves) for k in steps],
+                    color=color)
+    top.axhline(threshold, color='black', lw=0.6, ls=':')
+    top.set(ylabel='strongest head\'s induction score',
+            title=f'induction probe, mean of seeds {seeds[0]}–{seeds[-1]}')
+    bottom.set(xlabel='step', ylabel='loss on the repeated half')
+    top.legend(fontsize=8)
+    report.save_figure(fig, path)
+    return True
+
+
+FIGURES = dict(trend=trend_figure, geometry=geometry_figure, diagnostics=diagnostics_figure,
+               stability=stability_figure, trajectory=trajectory_figure,
+               induction=induction_figure)

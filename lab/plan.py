@@ -1,0 +1,399 @@
+"""
+What a study names: a study file loaded and checked, its runs planned from the committed results
+(tuning by the bracket rule, then each phase), each run's train.py arguments, and the committed
+runs themselves. Pure: nothing here starts a run (lab/study.py does).
+"""
+import json
+import math
+import os
+import shlex
+from dataclasses import dataclass
+
+import train
+from common import UserError, parse_value, read_json, read_jsonl, variant_settings, write_text
+
+# -----------------------------------------------------------------------------
+# a study file: lowercase names are its declarations, UPPERCASE ones the file's own constants
+
+STUDY_KEYS = dict(
+    name=str,  # the folder of its committed runs, <root>/<name>/
+    docs=str,  # the write-up whose generated blocks --report rewrites
+    base=tuple,  # the config files every run starts from
+    arms=dict,  # {arm: {variant, weight_decay, lr | grid, settings}}
+    tuning=dict,  # how an arm without a fixed lr is tuned: seeds, step, extend (and wd_grid...)
+    phases=list,  # [{name, kind: tune | at | climb, arms, seeds, ...}] in the order runs start
+    reuse=tuple,  # studies whose committed runs count as this one's where the names match
+    tables=dict,  # {docs block: {kind, ...}}: lab/tables.py
+    figures=dict,  # {file in docs/assets/: {kind, ...}}
+)
+ARM_KEYS = {'variant', 'weight_decay', 'lr', 'grid', 'settings', 'tuning'}
+PHASE_KEYS = {'name', 'kind', 'arms', 'seeds', 'budget', 'init_std', 'dtype', 'tag', 'lr_factors',
+              'settings', 'above', 'steps'}
+TUNING = dict(seeds=(), step=2 ** 0.5, extend=3, anchor=2e-3, wd_grid=None, wd_step=None,
+              lr_start=None)
+
+
+class Study:
+    """A loaded study file: its declarations as attributes, checked."""
+
+    def __init__(self, path, declared):
+        self.path, self.about = path, (declared.get('__doc__') or '').strip()
+        for key, kind in STUDY_KEYS.items():
+            setattr(self, key, declared.get(key, kind()))
+        self.base, self.reuse = tuple(self.base), tuple(self.reuse)
+        self.tuning = dict(TUNING, **self.tuning)
+
+    def arm(self, name):
+        return self.arms[name]
+
+    def variant(self, arm):
+        return self.arms[arm].get('variant', arm)
+
+
+def load_study(path):
+    if not os.path.isfile(path):
+        raise UserError(f"study file '{path}' not found (a study is a file like "
+                        "lab/studies/v4.py)")
+    declared = {'__file__': path}
+    try:
+        with open(path) as f:
+            exec(compile(f.read(), path, 'exec'), declared)
+    except Exception as e:
+        raise UserError(f"study file '{path}' failed: {type(e).__name__}: {e}") from None
+    names = [k for k in declared if not k.startswith('_') and k.islower()
+             and not callable(declared[k]) and not hasattr(declared[k], '__path__')]
+    unknown = [k for k in names if k not in STUDY_KEYS]
+    if unknown:
+        raise UserError(f"{path}: unknown declaration(s) {', '.join(unknown)}: a study declares "
+                        f"{', '.join(STUDY_KEYS)} (constants of its own are UPPERCASE)")
+    study = Study(path, declared)
+    check_study(study)
+    return study
+
+
+def check_study(s):
+    where = s.path
+    for key in ('name', 'base', 'arms'):
+        if not getattr(s, key):
+            raise UserError(f"{where}: the study declares no {key}")
+    for arm, spec in s.arms.items():
+        bad = set(spec) - ARM_KEYS
+        if bad:
+            raise UserError(f"{where}: arm {arm} has unknown key(s) {', '.join(sorted(bad))} "
+                            f"(an arm has {', '.join(sorted(ARM_KEYS))})")
+        around = spec.get('grid', {})
+        if isinstance(around, dict) and around.get('around') not in (None, *arms_before(s, arm)):
+            raise UserError(f"{where}: arm {arm} tunes around {around['around']!r}, which is not "
+                            "an arm declared before it")
+    for phase in s.phases:
+        bad = set(phase) - PHASE_KEYS
+        missing = [a for a in phase.get('arms', ()) if a not in s.arms]
+        if bad or missing or phase.get('kind') not in ('tune', 'at', 'climb'):
+            raise UserError(f"{where}: phase {phase.get('name')!r}: kind must be tune, at or "
+                            f"climb; unknown keys {sorted(bad)}; unknown arms {missing}")
+    for path in s.base:
+        if not os.path.isfile(path):
+            raise UserError(f"{where}: base config '{path}' not found (run from the repository "
+                            "root)")
+
+
+def arms_before(s, arm):
+    names = list(s.arms)
+    return names[:names.index(arm)]
+
+
+# -----------------------------------------------------------------------------
+# runs and their names
+
+@dataclass(frozen=True)
+class Run:
+    arm: str
+    lr: float
+    wd: float
+    seed: int  # the init seed and the data seed: both arms of a pair see the same batches
+    budget: float = 1.0  # a multiple of the steps, with the schedule's shape kept
+    init_std: float = None  # None: the base's
+    dtype: str = None  # None: the base's
+    tag: str = None  # a repeat of a run under another name (a check on another machine)
+
+    @property
+    def name(self):
+        extra = ((f"_b{self.budget:g}" if self.budget != 1 else "")
+                 + (f"_std{self.init_std:g}" if self.init_std else "")
+                 + (f"_{self.dtype}" if self.dtype else "")
+                 + (f"_{self.tag}" if self.tag else ""))
+        return f"{self.arm}_lr{self.lr:g}_wd{self.wd:g}_s{self.seed}{extra}"
+
+
+def grid_value(x):
+    """A grid value as runs are named: 3 significant digits (2e-3 * sqrt(2) -> 0.00283)."""
+    return float(f"{x:.3g}")
+
+
+def outward(x, grid, step):
+    """The next grid value past x outward; None below 0's edge."""
+    if x == max(grid):
+        return grid_value(x * step)
+    return grid_value(x / step) if x > 0 else None
+
+
+def bracket(losses, step):
+    """The value to try next so that the best one is interior, or None once it is (or when it sits
+    on 0, the edge of weight decay's domain). losses: {value: final loss}, inf for a diverged
+    run."""
+    best = min(losses, key=losses.get)
+    if min(losses) < best < max(losses):
+        return None
+    return outward(best, losses, step)
+
+
+def search(runs_at, grid, step, results, extend):
+    """(runs named so far, the value with the lowest mean loss over its runs, or None while one is
+    missing); runs_at(value) is the runs at a value, one per selection seed. The grid grows by
+    the bracket rule, at most `extend` values."""
+    values = list(grid)
+    while True:
+        runs = [r for v in values for r in runs_at(v)]
+        losses = {v: [results.get(r.name) for r in runs_at(v)] for v in values}
+        if any(None in v for v in losses.values()):
+            return runs, None
+        means = {v: sum(x) / len(x) for v, x in losses.items()}
+        nxt = bracket(means, step)
+        if nxt is None or len(values) - len(grid) >= extend:
+            return runs, min(means, key=means.get)
+        values.append(nxt)
+
+
+def lr_grid(s, arm, chosen):
+    """The arm's starting LR grid: declared, or the selected LR of another arm with its two
+    neighbours ({'around': arm}) on the lattice anchor * step^k (so that 1.41e-3 * sqrt(2) is
+    named 2e-3, not 1.99e-3); None while that arm is still tuning."""
+    grid, t = s.arm(arm).get('grid'), dict(s.tuning, **s.arm(arm).get('tuning', {}))
+    if not isinstance(grid, dict):
+        return tuple(grid)
+    if grid['around'] not in chosen:
+        return None
+    k = round(math.log(chosen[grid['around']][0] / t['anchor']) / math.log(t['step']))
+    return tuple(grid_value(t['anchor'] * t['step'] ** (k + i)) for i in (-1, 0, 1))
+
+
+def tuning_seeds(s, arm):
+    return dict(s.tuning, **s.arm(arm).get('tuning', {}))['seeds']
+
+
+def tune(s, arm, results, chosen):
+    """(the arm's tuning runs named so far, its (lr, wd) or None while they are not all in). A fixed
+    lr is not tuned; a weight decay of None is searched first, at lr_start (v2's design)."""
+    spec, t = s.arm(arm), dict(s.tuning, **s.arm(arm).get('tuning', {}))
+    wd, runs = spec.get('weight_decay'), []
+    if spec.get('lr') is not None:
+        return [], (spec['lr'], wd)
+    if 'grid' not in spec:
+        return [], None
+    if wd is None:
+        wd_runs = lambda v: [Run(arm, t['lr_start'], v, seed) for seed in t['seeds']]
+        runs, wd = search(wd_runs, t['wd_grid'], t['wd_step'], results, t['extend'])
+        if wd is None:
+            return runs, None
+    grid = lr_grid(s, arm, chosen)
+    if grid is None:
+        return runs, None
+    lr_runs, lr = search(lambda v: [Run(arm, v, wd, seed) for seed in t['seeds']], grid,
+                         t['step'], results, t['extend'])
+    runs += [r for r in lr_runs if r not in runs]
+    return runs, (None if lr is None else (lr, wd))
+
+
+def climb_lrs(s, phase, arm, results):
+    """A climb's LRs so far: from `above` up by the tuning step; the next one joins once every seed
+    of the last has finished and none diverged, at most `steps` of them."""
+    lrs, lr = [], phase['above']
+    while len(lrs) < phase['steps']:
+        lr = grid_value(lr * s.tuning['step'])
+        lrs.append(lr)
+        losses = [results.get(Run(arm, lr, s.arm(arm)['weight_decay'], seed).name)
+                  for seed in phase['seeds']]
+        if None in losses or any(math.isinf(x) for x in losses):
+            break
+    return lrs
+
+
+@dataclass
+class Plan:
+    phases: dict  # {phase name: [runs]}, in the order the study declares them
+    chosen: dict  # {arm: (lr, wd)} once tuned (or fixed)
+    waiting: list  # the arms still tuning
+    settings: dict  # {run name: the logging settings of the first phase naming it}
+
+
+def phase_runs(s, phase, results, chosen, tuning):
+    arms, kind = phase.get('arms', ()), phase['kind']
+    if kind == 'tune':
+        return [r for a in arms for r in tuning[a]]
+    if kind == 'climb':
+        return [Run(a, lr, s.arm(a)['weight_decay'], seed) for a in arms
+                for lr in climb_lrs(s, phase, a, results) for seed in phase['seeds']]
+    extra = dict(budget=phase.get('budget', 1.0), init_std=phase.get('init_std'),
+                 dtype=phase.get('dtype'), tag=phase.get('tag'))
+    factors = phase.get('lr_factors', (1,))
+    # seed by seed, so that a phase cut short stays paired
+    return [Run(a, chosen[a][0] if f == 1 else grid_value(chosen[a][0] * f), chosen[a][1], seed,
+                **extra) for seed in phase['seeds'] for a in arms if a in chosen for f in factors]
+
+
+def plan(s, results):
+    """Every run the study names given the results so far."""
+    chosen, tuning, waiting = {}, {}, []
+    for arm in s.arms:
+        tuning[arm], pick = tune(s, arm, results, chosen)
+        if pick is not None:
+            chosen[arm] = pick
+        elif 'grid' in s.arm(arm):
+            waiting.append(arm)
+    phases, settings = {}, {}
+    for phase in s.phases:
+        runs = phase_runs(s, phase, results, chosen, tuning)
+        phases.setdefault(phase['name'], []).extend(runs)
+        for r in runs:
+            settings.setdefault(r.name, phase.get('settings', {}))
+    return Plan({k: list(dict.fromkeys(v)) for k, v in phases.items()}, chosen, waiting, settings)
+
+
+# -----------------------------------------------------------------------------
+# commands
+
+def base_config(s):
+    return train.settings(list(s.base))
+
+
+def arm_args(s, run, base):
+    """The arm's settings as --key=value: its variant's model settings at the base geometry (the one
+    definition of a variant), then the arm's own."""
+    made = variant_settings(s.variant(run.arm), base, train.MODEL_KEYS)
+    made.update(s.arm(run.arm).get('settings', {}))
+    return [f'--{k}={value_text(v)}' for k, v in made.items()]
+
+
+def value_text(v):
+    """v as --key=value text: a word as it is (--query=identity), anything else as Python."""
+    return v if isinstance(v, str) and parse_value(v) == v else repr(v)
+
+
+def train_args(s, run, base, work, logging=None):
+    """train.py's arguments for a run: base files, arm, then what the run names (LR, weight decay,
+    seed, budget, init std, dtype), then its phase's logging settings (which change what is
+    logged, never what is computed: a run's name does not carry them)."""
+    args = [*s.base, *arm_args(s, run, base), f'--learning_rate={run.lr!r}',
+            f'--min_lr={run.lr / 10!r}', f'--weight_decay={run.wd!r}', f'--seed={run.seed}',
+            f'--data_seed={run.seed}', f'--out_dir={work}']
+    if run.budget != 1:  # the same schedule shape: warmup and horizon scale with the steps
+        at = dict(base, **s.arm(run.arm).get('settings', {}))
+        args += [f"--{k}={max(1, round(at[k] * run.budget))}"
+                 for k in ('max_iters', 'warmup_iters', 'lr_decay_iters')]
+    if run.init_std:
+        args.append(f'--init_std={run.init_std!r}')
+    if run.dtype:
+        args.append(f'--dtype={run.dtype}')
+    args += [f'--{k}={value_text(v)}' for k, v in (logging or {}).items()]
+    return args + ['--init_from=auto']
+
+
+def work_dir(c, s, run):
+    return os.path.normpath(os.path.join(c['work_root'], f'out-{s.name}', run.name))
+
+
+def shell_line(c, s, run, base, logging):
+    """One run as a line of shell, from the repository root: it resumes if it was stopped."""
+    work = work_dir(c, s, run)
+    args = ' '.join(shlex.quote(a) for a in train_args(s, run, base, work, logging))
+    threads = f"OMP_NUM_THREADS={c['threads']} " if c['threads'] else ''
+    w = shlex.quote(work)
+    return f"mkdir -p {w} && {threads}python train.py {args} >> {w}/stdout.txt 2> {w}/stderr.txt"
+
+
+# -----------------------------------------------------------------------------
+# committed runs
+
+def run_finished(folder):
+    """Whether folder holds a run that reached its final evaluation (max_iters, full val loss)."""
+    config_path, log_path = os.path.join(folder, 'config.json'), os.path.join(folder, 'log.jsonl')
+    if not (os.path.exists(config_path) and os.path.exists(log_path)):
+        return False
+    max_iters = read_json(config_path, 'config.json')['max_iters']
+    return any(e.get('iter') == max_iters and 'val_loss_full' in e for e in read_jsonl(log_path))
+
+
+def final_loss(folder):
+    """The full val loss of a committed run, inf for a diverged one, None if it is not there."""
+    if os.path.exists(os.path.join(folder, 'diverged.txt')):
+        return math.inf
+    if not run_finished(folder):
+        return None
+    return next(e['val_loss_full'] for e in reversed(read_jsonl(os.path.join(folder, 'log.jsonl')))
+                if 'val_loss_full' in e)
+
+
+def committed(root, name):
+    """{run name: (final loss, folder)} of a study's committed runs."""
+    folder = os.path.join(root, name)
+    found = {}
+    for run in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        loss = final_loss(os.path.join(folder, run))
+        if loss is not None:
+            found[run] = (loss, os.path.join(folder, run))
+    return found
+
+
+def results_of(s, root):
+    """({run name: final loss}, {run name: its folder}): this study's committed runs and, where it
+    has none of that name, those of the studies it reuses."""
+    found = {}
+    for name in reversed((s.name, *s.reuse)):
+        found.update(committed(root, name))
+    return {k: v[0] for k, v in found.items()}, {k: v[1] for k, v in found.items()}
+
+
+def commit_run(work, dest, error):
+    """Copy a finished run's log and config, with a divergence's one-line error, into the committed
+    folder; 'finished', 'diverged', or None for a run that stopped early (it resumes next time)."""
+    diverged = 'non-finite' in error
+    if not (run_finished(work) or diverged):
+        return None
+    os.makedirs(dest, exist_ok=True)
+    for f in ('config.json', 'log.jsonl'):
+        if os.path.exists(os.path.join(work, f)):
+            with open(os.path.join(work, f)) as src:
+                write_text(os.path.join(dest, f), src.read())
+    if diverged:
+        write_text(os.path.join(dest, 'diverged.txt'), error.strip().splitlines()[-1] + '\n')
+    return 'diverged' if diverged else 'finished'
+
+
+def comparable(config):
+    """A run's settings as JSON values, without what names its folder."""
+    config = json.loads(json.dumps(config))
+    for key in ('out_dir', 'init_from', 'model_args', 'params'):
+        config.pop(key, None)
+    return config
+
+
+def check_reused(s, p, folders, base, root, checked=None):
+    """Every planned run found in a reused study must have been run with this study's command: its
+    config.json equals the settings the command makes (a setting added to train.py since counts
+    as equal when the command leaves it at its default). checked: names already checked."""
+    own, checked = os.path.join(root, s.name), set() if checked is None else checked
+    for run in (r for runs in p.phases.values() for r in runs):
+        folder = folders.get(run.name)
+        if folder is None or os.path.dirname(folder) == own or run.name in checked:
+            continue
+        saved = comparable(read_json(os.path.join(folder, 'config.json'), 'config.json'))
+        made = comparable(train.settings(train_args(s, run, base, 'x', p.settings[run.name])[:-1]))
+        default = comparable(train.DEFAULTS)
+        differ = sorted(k for k in made if saved.get(k, default.get(k)) != made[k])
+        if differ:
+            raise UserError(f"{folder} is reused by {s.name} but was run with other settings "
+                            f"({', '.join(differ)}): rename the arm or run it afresh")
+        checked.add(run.name)
+    return checked
+
+

@@ -1,0 +1,110 @@
+"""
+The statistics of paired seeds, and the decision rule of docs/experiments.md: a variant is
+"better" or "worse" when its paired t test rejects after Holm's correction across a family of
+comparisons, "matches" when two one-sided tests put the gap within +-margin %, else "could not
+tell". scipy.stats gives the t distribution and tests; the exact sign-flip p and Holm's
+step-down (which scipy does not have) are here.
+"""
+import bisect
+import statistics
+
+MARGIN = 0.3  # % of loss: the smallest effect of interest; "matches" means within it
+ALPHA = 0.05
+
+
+def t_dist():
+    try:
+        from scipy import stats
+    except ImportError:
+        from common import UserError
+        raise UserError("the experiments' statistics need scipy: `pip install scipy` (it is in "
+                        "requirements-dev.txt)") from None
+    return stats.t
+
+
+def mean_sd(values):
+    values = list(values)
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else float('nan'))
+
+
+def interval95(values):
+    """(mean, low, high): the mean of values and its 95% t interval."""
+    m, sd = mean_sd(values)
+    half = t_dist().ppf(0.975, len(values) - 1) * sd / len(values) ** 0.5
+    return m, m - half, m + half
+
+
+def signed_sums(values):
+    """The sum of values under each of the 2^n patterns of signs."""
+    sums = [0.0]
+    for v in values:
+        sums = [s + v for s in sums] + [s - v for s in sums]
+    return sums
+
+
+def sign_flip_p(gaps):
+    """The exact two-sided permutation p of a mean paired gap: the share of the 2^n patterns of
+    signs whose |mean| is at least the observed one (the observed pattern among them). Counted
+    meet-in-the-middle, each half's 2^(n/2) signed sums against the other's sorted ones, so 20
+    seeds cost a millisecond rather than a million sums."""
+    threshold = abs(sum(gaps)) - 1e-12
+    if threshold <= 0:
+        return 1.0
+    half = len(gaps) // 2
+    firsts, seconds = signed_sums(gaps[:half]), sorted(signed_sums(gaps[half:]))
+    hits = sum(len(seconds) - bisect.bisect_left(seconds, threshold - a)  # a + b >= threshold
+               + bisect.bisect_right(seconds, -threshold - a)  # a + b <= -threshold
+               for a in firsts)
+    return hits / 2 ** len(gaps)
+
+
+def tost_p(gaps, margin):
+    """Two one-sided t tests that the mean gap lies within +-margin: the larger of their p."""
+    mean, sd = mean_sd(gaps)
+    se, df = sd / len(gaps) ** 0.5, len(gaps) - 1
+    t = t_dist()
+    return max(t.sf((mean + margin) / se, df), t.cdf((mean - margin) / se, df))
+
+
+def holm(pvalues):
+    """Holm's step-down adjusted p values, in the input order."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for step, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - step) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def tests(gaps, margin):
+    """One comparison's n, mean, sd, se and its t, sign-flip and TOST p values."""
+    mean, sd = mean_sd(gaps)
+    df, se = len(gaps) - 1, sd / len(gaps) ** 0.5
+    if df > 0 and se > 0:
+        p_t, p_tost = 2 * t_dist().sf(abs(mean) / se, df), tost_p(gaps, margin)
+    else:  # one seed is no evidence; identical gaps are certainty
+        p_t, p_tost = (1.0, 1.0) if df == 0 else (float(mean == 0), float(abs(mean) >= margin))
+    return dict(n=len(gaps), mean=mean, sd=sd, se=se, p_t=p_t, p_perm=sign_flip_p(gaps),
+                p_tost=p_tost)
+
+
+def compare(gap_sets, margin=MARGIN, alpha=ALPHA):
+    """The decision rule for each comparison's paired gaps (%), Holm-corrected across them: per
+    comparison its tests, their Holm adjustments, the interval at its Holm level, the verdict, and
+    the smallest gap its noise detects with 80% power at Holm's strictest level (mde)."""
+    out, t = [tests(gaps, margin) for gaps in gap_sets], t_dist()
+    for key in ('p_t', 'p_tost'):
+        for r, adjusted in zip(out, holm([r[key] for r in out])):
+            r[key + '_holm'] = adjusted
+    by_p = sorted(range(len(out)), key=lambda i: out[i]['p_t'])
+    for step, i in enumerate(by_p):  # the level at which Holm tests comparison i
+        r = out[i]
+        r['level'] = 1 - alpha / (len(out) - step)
+        df = r['n'] - 1
+        r['half'] = t.ppf(1 - (1 - r['level']) / 2, df) * r['se'] if df else float('nan')
+        r['verdict'] = ('worse' if r['mean'] > 0 else 'better') if r['p_t_holm'] < alpha else \
+            'matches' if r['p_tost_holm'] < alpha else 'could not tell'
+        r['flag'] = (r['p_t'] < alpha) != (r['p_perm'] < alpha)
+        strictest = t.ppf(1 - alpha / len(out) / 2, df) if df else float('nan')
+        r['mde'] = (strictest + t.ppf(0.8, df)) * r['se'] if df else float('nan')
+    return out

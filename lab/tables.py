@@ -1,0 +1,432 @@
+"""
+A study's tables, from its committed logs alone: each generated block of its docs is a kind of
+table (lab/docs.py names them) with the parameters the study file's `tables` gives it. A block
+says "Not yet" until the runs it needs are committed. The Context below reads a study's
+committed runs once; the v2 kinds and the figures use it too.
+"""
+import math
+import os
+import re
+
+from common import read_jsonl
+from lab import plan as S, stats
+
+# -----------------------------------------------------------------------------
+# a study's committed runs, read once
+
+
+class Context:
+    """A study's committed results, its plan given them, and each run's log read once."""
+
+    def __init__(self, s, root):
+        self.s, self.root = s, root
+        self.results, self.folders = S.results_of(s, root)
+        self.plan = S.plan(s, self.results)
+        self.logs = {}
+
+    def log(self, run):
+        if run.name not in self.logs:
+            self.logs[run.name] = read_jsonl(os.path.join(self.folders[run.name], 'log.jsonl'))
+        return self.logs[run.name]
+
+    def loss(self, run):
+        return None if run is None else self.results.get(run.name)
+
+    def at(self, arm, seed, **extra):
+        """The arm's run at its selected (or fixed) LR on seed; None while it is tuning."""
+        if arm not in self.plan.chosen:
+            return None
+        lr, wd = self.plan.chosen[arm]
+        return S.Run(arm, lr, wd, seed, **extra)
+
+    def done(self, arm, seeds, **extra):
+        """The arm's runs at its selected LR on seeds that are committed."""
+        runs = [self.at(arm, s, **extra) for s in seeds]
+        return [r for r in runs if r is not None and r.name in self.results]
+
+    def gaps(self, arm, ref, seeds, **extra):
+        """{seed: paired gap in %} for the seeds both have."""
+        out = {}
+        for seed in seeds:
+            x, y = self.loss(self.at(arm, seed, **extra)), self.loss(self.at(ref, seed, **extra))
+            if x is not None and y is not None:
+                out[seed] = 100 * (x - y) / y
+        return out
+
+    def tuning_runs(self, arm):
+        return S.tune(self.s, arm, self.results, self.plan.chosen)[0]
+
+    def climb_lrs(self, arm):
+        lrs = [lr for phase in self.s.phases if phase['kind'] == 'climb'
+               and arm in phase['arms'] for lr in S.climb_lrs(self.s, phase, arm, self.results)]
+        return sorted(set(lrs))
+
+    def warmup(self):
+        return S.base_config(self.s)['warmup_iters']
+
+
+def pct(x):
+    return f"{x:+.2f}%"
+
+
+def fmt_p(p):
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.0e}"
+
+
+def fmt_loss(x):
+    return '-' if x is None else 'diverged' if math.isinf(x) else f"{x:.4f}"
+
+
+def interval_cell(values):
+    """'mean [low, high]' of the 95% t interval, in % with a sign: a table cell."""
+    m, lo, hi = stats.interval95(values)
+    return f"{pct(m)} [{pct(lo)}, {pct(hi)}]"
+
+
+def eval_series(log, key='val_loss'):
+    return {e['iter']: e[key] for e in log if key in e}
+
+
+# -----------------------------------------------------------------------------
+# tuning on several seeds, and stability (v3, v4)
+
+def lr_rows(ctx, arms, lrs_of, states=False):
+    """A row per arm and LR in lrs_of(arm): every tuning seed's loss (and with states, each run's
+    spikes and gradient ratio, from its log)."""
+    rows, warmup = [], ctx.warmup() if states else None
+    for arm in arms:
+        chosen = ctx.plan.chosen.get(arm, (None,))[0]
+        wd = ctx.s.arm(arm)['weight_decay']
+        for lr in lrs_of(arm):
+            runs = [S.Run(arm, lr, wd, seed) for seed in S.tuning_seeds(ctx.s, arm)]
+            losses = [ctx.results.get(r.name) for r in runs]
+            row = dict(arm=arm, wd=wd, lr=lr, losses=losses, selected=lr == chosen,
+                       mean=None if None in losses else sum(losses) / len(losses))
+            if states:
+                logs = [ctx.log(r) if r.name in ctx.results else None for r in runs]
+                row['states'] = [run_state(x, g, warmup) for x, g in zip(losses, logs)]
+                row['grad'] = [grad_ratio(g, warmup) if g is not None else None for g in logs]
+            rows.append(row)
+    return rows
+
+
+def tuning_table(ctx, arms=None):
+    arms = arms or [a for a in ctx.s.arms if 'grid' in ctx.s.arm(a)]
+    seeds = S.tuning_seeds(ctx.s, arms[0])
+    rows = lr_rows(ctx, arms, lambda arm: sorted({r.lr for r in ctx.tuning_runs(arm)}))
+    out = ["| arm | weight decay | peak LR | " + " | ".join(f"seed {s}" for s in seeds) +
+           " | mean | |", "|---|---|---|" + "---|" * len(seeds) + "---|---|"]
+    for r in rows:
+        out.append(f"| {r['arm']} | {r['wd']:g} | {r['lr']:g} | " +
+                   " | ".join(fmt_loss(x) for x in r['losses']) +
+                   f" | {fmt_loss(r['mean'])} | {'**selected**' if r['selected'] else ''} |")
+    for arm in arms:
+        if arm in ctx.plan.chosen:
+            lr, lrs = ctx.plan.chosen[arm][0], [r['lr'] for r in rows if r['arm'] == arm]
+            word = 'on the edge' if lr in (min(lrs), max(lrs)) else 'bracketed'
+            out.append(f"| {arm} | | {lr:g} | " + " | " * len(seeds) + f" | {word} |")
+    return '\n'.join(out) + '\n'
+
+
+def spikes(log, warmup):
+    """{step: rise in %} after warmup where the run spiked by v3's (amended) definition: the loss on
+    the fixed val windows rose from one evaluation to the next, or a loss was non-finite (inf).
+    The training loss alone is not a criterion: its batches differ from step to step."""
+    found = {e['iter']: math.inf for e in log if e['iter'] > warmup and
+             not all(math.isfinite(e[k]) for k in ('loss', 'val_loss') if k in e)}
+    evals = [e for e in log if 'val_loss' in e and e['iter'] > warmup]
+    for a, b in zip(evals, evals[1:]):
+        if math.isfinite(a['val_loss']) and b['val_loss'] > a['val_loss']:
+            found.setdefault(b['iter'], 100 * (b['val_loss'] - a['val_loss']) / a['val_loss'])
+    return dict(sorted(found.items()))
+
+
+def grad_ratio(log, warmup):
+    """The largest gradient norm after warmup over its median: how far the worst step stood out."""
+    norms = sorted(e['grad_norm'] for e in log if 'grad_norm' in e and e['iter'] > warmup)
+    return norms[-1] / norms[len(norms) // 2] if norms and norms[len(norms) // 2] > 0 else None
+
+
+def run_state(loss, log, warmup, most=3):
+    """'diverged', 'spiked at step (+rise%)…' (the first `most`), '' (clean) or None (loss None:
+    not committed)."""
+    if loss is None:
+        return None
+    if math.isinf(loss):
+        return 'diverged'
+    found = list(spikes(log, warmup).items())[:most]
+    return 'spiked at ' + ', '.join(f"{k} ({pct(v)})" for k, v in found) if found else ''
+
+
+def stability_rows(ctx, arms):
+    """The tuning grid and the climb's LRs above it, with each run's state."""
+    return lr_rows(ctx, arms, lambda arm: sorted(
+        {r.lr for r in ctx.tuning_runs(arm)} | set(ctx.climb_lrs(arm))), states=True)
+
+
+def stability_summary(mine, seeds):
+    """(the runs that spiked or diverged, as text; the largest LR below the first such; whether
+    none did) over an arm's rows whose seeds have all finished."""
+    bad = [r for r in mine if any(r['states'])]
+    first_bad = min((r['lr'] for r in bad), default=math.inf)
+    stable = [r['lr'] for r in mine if r['lr'] < first_bad]
+    where = '; '.join(f"{r['lr']:g}: " + ', '.join(f"{s} {st}" for s, st in
+                                                  zip(seeds, r['states']) if st) for r in bad)
+    return where or 'none', (max(stable) if stable else None), not bad
+
+
+def stability_table(ctx, arms, above, figure):
+    rows, seeds = stability_rows(ctx, arms), S.tuning_seeds(ctx.s, arms[0])
+    out = ["| arm | weight decay | LRs run | runs spiked or diverged (LR: seeds) "
+           "| largest LR with no spike | largest grad norm ÷ median, per LR |",
+           "|---|---|---|---|---|---|"]
+    for arm in arms:
+        mine = [r for r in rows if r['arm'] == arm and None not in r['states']]
+        if not mine:
+            out.append(f"| {arm} | {ctx.s.arm(arm)['weight_decay']:g} | | not yet | | |")
+            continue
+        where, top, clean = stability_summary(mine, seeds)
+        bound = " (a lower bound: no run spiked)" if clean else ""
+        top = 'none' if top is None else f"{top:g}{bound}"
+        grads = ', '.join(f"{max(g for g in r['grad'] if g):.1f}" for r in mine if any(r['grad']))
+        out.append(f"| {arm} | {mine[0]['wd']:g} | {', '.join(format(r['lr'], 'g') for r in mine)}"
+                   f" | {where} | {top} | {grads} |")
+    high = [r for r in rows if r['lr'] > above]
+    if high:
+        out += ["", "Above the tuning grid (the stability phase): full val loss per selection "
+                "seed.", "",
+                "| arm | peak LR | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+                "|---|---|" + "---|" * len(seeds)]
+        out += [f"| {r['arm']} | {r['lr']:g} | " + " | ".join(map(fmt_loss, r['losses'])) + " |"
+                for r in high]
+    shown = f'\n![final loss against peak LR, every seed]({figure})\n' if any(
+        None not in r['losses'] for r in rows) else ''
+    return '\n'.join(out) + '\n' + shown
+
+
+# -----------------------------------------------------------------------------
+# paired comparisons on the test seeds (v3, v4)
+
+def comparison_stats(ctx, comparisons, margin):
+    """stats.compare's dict per comparison, None while it lacks seeds: each family (Holm within
+    it) once every comparison of it has all its seeds."""
+    gaps = [ctx.gaps(c['arm'], c['ref'], c['seeds']) for c in comparisons]
+    out = [None] * len(comparisons)
+    for family in dict.fromkeys(c['family'] for c in comparisons):
+        members = [i for i, c in enumerate(comparisons) if c['family'] == family]
+        if all(len(gaps[i]) >= len(comparisons[i]['seeds']) for i in members):
+            for i, r in zip(members, stats.compare([list(gaps[i].values()) for i in members],
+                                                   margin)):
+                out[i] = r
+    return out, gaps
+
+
+def compared_arms(ctx, comparisons):
+    """{arm: seeds}: each arm of the comparisons with every seed any of them pairs it on."""
+    seeds = {}
+    for c in comparisons:
+        for arm in (c['arm'], c['ref']):
+            seeds[arm] = sorted(set(seeds.get(arm, ())) | set(c['seeds']))
+    return {a: seeds[a] for a in ctx.s.arms if a in seeds}
+
+
+def means_table(ctx, comparisons):
+    rows = ["| arm | peak LR | weight decay | seeds | full val loss, mean ± sd |",
+            "|---|---|---|---|---|"]
+    for arm, seeds in compared_arms(ctx, comparisons).items():
+        runs = ctx.done(arm, seeds)
+        if len(runs) == len(seeds):
+            m, sd = stats.mean_sd(ctx.loss(r) for r in runs)
+            rows.append(f"| {arm} | {runs[0].lr:g} | {runs[0].wd:g} | {len(runs)} "
+                        f"| {m:.4f} ± {sd:.4f} |")
+    return rows
+
+
+def verdicts_table(ctx, comparisons, explain, margin=stats.MARGIN):
+    found, gaps = comparison_stats(ctx, comparisons, margin)
+    waiting = [(c, g) for r, c, g in zip(found, comparisons, gaps) if r is None]
+    note = "" if not waiting else "Not yet: paired seeds so far " + ', '.join(
+        f"{c['arm']} − {c['ref']} {len(g)} of {len(c['seeds'])}" for c, g in waiting) + ".\n"
+    if all(r is None for r in found):
+        return note
+    rows = ["| comparison | seeds | paired gap, mean ± sd | interval (level) | t p (Holm) "
+            "| sign-flip p | TOST ±0.3% p (Holm) | resolution | verdict |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for c, r in zip(comparisons, found):
+        if r is not None:
+            flag = " (t and sign-flip disagree at 0.05)" if r['flag'] else ""
+            rows.append(f"| {c['label']} {c['arm']} − {c['ref']} | {r['n']} | {pct(r['mean'])} ± "
+                        f"{r['sd']:.2f}% | [{pct(r['mean'] - r['half'])}, "
+                        f"{pct(r['mean'] + r['half'])}] ({100 * r['level']:.1f}%) | "
+                        f"{fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])}) | {fmt_p(r['p_perm'])} | "
+                        f"{fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) | {r['mde']:.2f}% | "
+                        f"**{r['verdict']}**{flag} |")
+    return ('\n'.join(means_table(ctx, comparisons)) + '\n\n' + '\n'.join(rows) + '\n\n' + explain
+            + '\n' + ("\n" + note if note else ""))
+
+
+def trajectories(ctx, arm, ref, seeds, budget=1.0):
+    """{seed: {step: paired gap % on the fixed val windows}} for the seeds both arms finished."""
+    out = {}
+    for seed in seeds:
+        a, b = ctx.at(arm, seed, budget=budget), ctx.at(ref, seed, budget=budget)
+        if ctx.loss(a) is not None and ctx.loss(b) is not None:
+            x, y = eval_series(ctx.log(a)), eval_series(ctx.log(b))
+            out[seed] = {k: 100 * (x[k] - y[k]) / y[k] for k in sorted(x) if k in y and k > 0}
+    return out
+
+
+def slope(points):
+    """Least-squares slope of [(step, gap)], in % per 100 steps."""
+    xs, ys = [p[0] / 100 for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def complete_trajectories(ctx, comparisons):
+    """([(comparison, {seed: {step: gap}})] of the comparisons with all their seeds, the rest as a
+    'Not yet' line or '')."""
+    out, waiting = [], []
+    for c in comparisons:
+        series = trajectories(ctx, c['arm'], c['ref'], c['seeds'])
+        if len(series) < len(c['seeds']):
+            waiting.append(f"{c['label']} {c['arm']} − {c['ref']} {len(series)} of "
+                           f"{len(c['seeds'])}")
+        else:
+            out.append((c, series))
+    return out, ("Not yet: paired seeds so far " + ", ".join(waiting) + ".\n" if waiting else "")
+
+
+def trajectory_table(ctx, comparisons, figure):
+    comps, note = complete_trajectories(ctx, comparisons)
+    if not comps:
+        return note
+    steps = sorted(next(iter(comps[0][1].values())))
+    rows = ["| step | " + " | ".join(f"{c['label']} {c['arm']} − {c['ref']}, mean [95% interval]"
+                                     for c, _ in comps) + " |", "|---|" + "---|" * len(comps)]
+    for step in steps:
+        rows.append(f"| {step} | " + " | ".join(interval_cell([series[s][step] for s in series])
+                                                for _, series in comps) + " |")
+    last = [k for k in steps if k >= steps[-1] * 2 / 3]
+    rows.append(f"| slope over steps {last[0]}–{last[-1]}, per 100 steps | " + " | ".join(
+        interval_cell([slope([(k, series[s][k]) for k in last]) for s in series])
+        for _, series in comps) + " |")
+    return '\n'.join(rows) + f'\n\n![the paired gap through the run]({figure})\n' + (
+        '\n' + note if note else '')
+
+
+def budget_gap_table(ctx, arm, ref, seeds, budget):
+    """The paired gap at 1x and at `budget`x on the same seeds, and their difference."""
+    runs = [r for a in (ref, arm) for r in (ctx.at(a, s, budget=budget) for s in seeds) if r]
+    done = sum(r.name in ctx.results for r in runs)
+    if len(runs) < 2 * len(seeds) or done < len(runs):
+        return f"Not yet: {done} of {2 * len(seeds)} runs at {budget:g}× have finished.\n"
+    short, longer = ctx.gaps(arm, ref, seeds), ctx.gaps(arm, ref, seeds, budget=budget)
+    rows = [f"| budget | paired gap {arm} − {ref}, mean [95% interval] | per seed |",
+            "|---|---|---|"]
+    for label, gaps in (("1×", short), (f"{budget:g}×", longer)):
+        rows.append(f"| {label} | {interval_cell(list(gaps.values()))} | " +
+                    ", ".join(f"{s}: {pct(g)}" for s, g in sorted(gaps.items())) + " |")
+    rows.append(f"| {budget:g}× − 1× | {interval_cell([longer[s] - short[s] for s in seeds])} | |")
+    return '\n'.join(rows) + '\n'
+
+
+# -----------------------------------------------------------------------------
+# the induction probe and the dtype check (v3)
+
+def induction_curve(log):
+    """{step: (strongest head's induction score, repeat loss)} of a committed run's log."""
+    return {e['iter']: (max(max(layer) for layer in e['induction']), e['repeat_loss'])
+            for e in log if 'induction' in e}
+
+
+def onset(curve, threshold):
+    """The first evaluated step at which the strongest head passes threshold, None if never."""
+    return next((k for k in sorted(curve) if curve[k][0] >= threshold), None)
+
+
+def induction_arms(ctx, arms, seeds):
+    """The arms with every one of the seeds finished: the reference (first) among them, or none."""
+    done = [a for a in arms if len(ctx.done(a, seeds)) == len(seeds)]
+    return done if arms[0] in done and len(done) > 1 else []
+
+
+def induction_lag(on, ref_on):
+    paired = [on[s] - ref_on[s] for s in on if on[s] is not None and ref_on[s] is not None]
+    if len(paired) < 2:
+        return "-"
+    m, lo, hi = stats.interval95(paired)
+    return f"{m:+.0f} [{lo:+.0f}, {hi:+.0f}] steps (n = {len(paired)})"
+
+
+def induction_table(ctx, arms, seeds, threshold, figure):
+    done = induction_arms(ctx, arms, seeds)
+    rest = [a for a in arms if a not in done]
+    note = f"Not yet: {', '.join(rest)} need test seeds {seeds[0]}–{seeds[-1]}.\n" if rest else ""
+    if not done:
+        return note
+    curves = {a: {r.seed: induction_curve(ctx.log(r)) for r in ctx.done(a, seeds)} for a in done}
+    ref_on = {s: onset(c, threshold) for s, c in curves[arms[0]].items()}
+    rows = [f"| arm | step the strongest head passes {threshold} (mean; per seed) "
+            "| its largest score in the run | its score at the end | repeat loss at the end "
+            "| onset − baseline's, mean [95% interval] |", "|---|---|---|---|---|---|"]
+    for arm in done:
+        on = {s: onset(c, threshold) for s, c in curves[arm].items()}
+        end = [c[max(c)] for c in curves[arm].values()]
+        peak = max(v[0] for c in curves[arm].values() for v in c.values())
+        hit = [v for v in on.values() if v is not None]
+        mean_on = f"{sum(hit) / len(hit):.0f}" if hit else "never"
+        lag = "(reference)" if arm == arms[0] else induction_lag(on, ref_on)
+        rows.append(f"| {arm} | {mean_on}; " + ", ".join(str(on[s]) if on[s] else "never"
+                                                          for s in seeds) +
+                    f" | {peak:.3f} | {sum(e[0] for e in end) / len(end):.3f} "
+                    f"| {sum(e[1] for e in end) / len(end):.3f} | {lag} |")
+    return ('\n'.join(rows) + f'\n\n![induction score and repeat loss through the run]({figure})\n'
+            + ('\n' + note if note else ''))
+
+
+def dtype_table(ctx, arm, seeds, dtype):
+    other, fp32 = ctx.done(arm, seeds, dtype=dtype), ctx.done(arm, seeds)
+    if len(other) < len(seeds) or len(fp32) < len(seeds):
+        return f"Not yet: {len(other)} of {len(seeds)} bf16 runs have finished.\n"
+    step_ms = lambda runs: sorted(e['dt_ms'] for r in runs for e in ctx.log(r) if e.get('dt_ms'))
+    med = {k: v[len(v) // 2] for k, v in (('fp32', step_ms(fp32)), ('bf16', step_ms(other)))}
+    gaps = {s: 100 * (ctx.loss(b) - ctx.loss(a)) / ctx.loss(a) for s, a, b in zip(seeds, fp32,
+                                                                                 other)}
+    return (f"| | float32 | bf16 autocast |\n|---|---|---|\n"
+            f"| median step time (ms, every logged step of "
+            f"{len(seeds)} runs) | {med['fp32']:.1f} | {med['bf16']:.1f} |\n"
+            f"| full val loss, mean | {sum(map(ctx.loss, fp32)) / len(fp32):.4f} | "
+            f"{sum(map(ctx.loss, other)) / len(other):.4f} |\n\n"
+            f"Paired difference bf16 − fp32 ({arm}, seeds {seeds[0]}–{seeds[-1]}): "
+            f"{interval_cell(list(gaps.values()))} (95%).\n")
+
+
+def stability_word(ctx, arms):
+    """Claim (iii)'s cell: per arm, the largest LR with no spike once its LRs have all finished."""
+    grid, words = stability_rows(ctx, arms), []
+    for arm in arms:
+        mine = [r for r in grid if r['arm'] == arm]
+        if not mine or any(None in r['states'] for r in mine):
+            words.append(f"{arm} not yet")
+            continue
+        _, lr, clean = stability_summary(mine, S.tuning_seeds(ctx.s, arm))
+        words.append(f"{arm} {'none' if lr is None else f'{lr:g}'}{'+' if clean else ''}")
+    return "; ".join(words)
+
+
+def claims_table(ctx, comparisons, texts, stability):
+    """The paper's claims, each with its comparison's verdict, and (iii) descriptive."""
+    found = comparison_stats(ctx, comparisons, stats.MARGIN)[0]
+    rows = ["| claim | tested here as | verdict | resolution |", "|---|---|---|---|"]
+    for r, c in zip(found, comparisons):
+        verdict = "not yet" if r is None else f"**{r['verdict']}** ({pct(r['mean'])})"
+        res = "" if r is None else f"{r['mde']:.2f}% (n = {r['n']})"
+        rows.append(f"| {c['label']} {texts[c['label']]} | {c['arm']} − {c['ref']}, paired full "
+                    f"val loss | {verdict} | {res} |")
+    label, claim, tested = stability['label'], texts[stability['label']], stability['tested']
+    rows.append(f"| {label} {claim} | {tested} | descriptive: "
+                f"{stability_word(ctx, stability['arms'])} | the √2 grid |")
+    rows = rows[:2] + sorted(rows[2:], key=lambda row: row.split(' ')[1])
+    return '\n'.join(rows) + (f"\n\n{label}: `+` marks an arm none of whose runs spiked: its "
+                              "largest LR is a lower bound.\n")
