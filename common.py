@@ -10,6 +10,7 @@ import difflib
 import functools
 import json
 import os
+import re
 import sys
 import types
 from contextlib import contextmanager, nullcontext
@@ -63,51 +64,91 @@ def parse_value(text):
         return text  # a bare string: --dataset=openwebtext
 
 
-def check_value(key, value, defaults, source):
+class Kind:
+    """The type of a key: int, float, str or bool, or 'device'; with choices, one of them; optional
+    (None allowed) when the default is None unless said otherwise. Every key has one: its
+    default's type, or the one a script's TYPES declares beside its DEFAULTS."""
+
+    def __init__(self, kind, choices=None, optional=None):
+        self.kind, self.choices, self.optional = kind, choices, optional
+
+    def name(self):
+        words = ('|'.join(self.choices) if self.choices
+                 else getattr(self.kind, '__name__', self.kind))
+        return words + ('|None' if self.optional else '')
+
+
+def kind_of(key, defaults, types):
+    """The Kind of a key (types[key] where declared, else its default's type)."""
+    kind = types.get(key) or Kind(type(defaults[key]))
+    optional = defaults[key] is None if kind.optional is None else kind.optional
+    return Kind(kind.kind, kind.choices, optional)
+
+
+BOOL_WORDS = {'true': True, 'false': False}  # --compile=false means False, as --compile=False
+
+
+def check_value(key, value, defaults, source, types=None):
+    """value made the key's type (an int for a float, a word true/false for a bool), or a one-line
+    error that names the key and what it takes."""
     if key not in defaults:
         close = difflib.get_close_matches(key, defaults, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise UserError(f"{source}: unknown config key '{key}'{hint}")
-    default = defaults[key]
-    if default is None or value is None:
-        return value
-    if isinstance(default, bool) or isinstance(value, bool):
-        if type(value) is not type(default):
-            raise UserError(f"{source}: {key} must be {type(default).__name__}, got {value!r}")
-        return value
-    if isinstance(default, float) and isinstance(value, int):
-        return float(value)  # an int for a float setting is fine
-    if isinstance(default, (tuple, list)) and isinstance(value, (tuple, list)):
-        return type(default)(value)
-    if type(value) is not type(default):
-        raise UserError(f"{source}: {key} must be {type(default).__name__}, got {value!r}")
+    kind = kind_of(key, defaults, types or {})
+    if value is None and (kind.optional or kind.kind is type(None)):
+        return None
+    want = kind.kind
+    if want is bool and isinstance(value, str) and value.lower() in BOOL_WORDS:
+        value = BOOL_WORDS[value.lower()]
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)  # an int for a float setting is fine
+    if want in (tuple, list) and isinstance(value, (tuple, list)):
+        value = want(value)
+    if want == 'device':
+        want = str
+        ok = isinstance(value, str) and re.fullmatch(r'cpu|mps|cuda(:\d+)?', value)
+    else:
+        ok = type(value) is want or want is type(None)
+    if not ok:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        quote = " (quote a name that looks like a number)" if want is str and number else ""
+        takes = 'cpu, cuda, cuda:N or mps' if kind.kind == 'device' else kind.name()
+        raise UserError(f"{source}: {key} must be {takes}, got {value!r}{quote}")
+    if kind.choices and value not in kind.choices:
+        close = difflib.get_close_matches(str(value), kind.choices, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UserError(f"{source}: {key} must be one of {', '.join(kind.choices)}, got "
+                        f"{value!r}{hint}")
     return value
 
 
 HELP_FLAGS = ('-h', '--help')
 
 
-def parse_config(defaults, argv=None, show=False, described_in=()):
-    """nanoGPT's configurator made strict: an unknown key or a wrong type names the key. argv None
-    is the command line; show prints the resolved config. -h or --help prints every key with its
-    default, type and description (read from the sources described_in, the caller's file by
-    default: see help_text) and exits 0."""
-    config = dict(defaults)
+def parse_config(defaults, argv=None, show=False, described_in=(), types=None):
+    """nanoGPT's configurator made strict: an unknown key or a value of the wrong type (see Kind;
+    types: the Kinds of the keys whose default does not say it) is a one-line error that names
+    the key. argv None is the command line; show prints the settings that differ from the
+    defaults. -h or --help prints every key with its default, type and description (read from
+    the sources described_in, the caller's file by default: see help_text) and exits 0."""
+    config, types = dict(defaults), types or {}
     argv = sys.argv[1:] if argv is None else argv
     if any(a in HELP_FLAGS for a in argv):
-        print(help_text(defaults, described_in or (sys._getframe(1).f_globals['__file__'],)))
+        sources = described_in or (sys._getframe(1).f_globals['__file__'],)
+        print(help_text(defaults, sources, types))
         sys.exit(0)
     for arg in argv:
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')
             if not eq:
                 raise UserError(f"expected --key=value, got '{arg}'")
-            config[key] = check_value(key, parse_value(text), defaults, arg)
+            config[key] = check_value(key, parse_value(text), defaults, arg, types)
             continue
         for key, value in run_config_file(arg, config).items():
-            config[key] = check_value(key, value, defaults, arg)
+            config[key] = check_value(key, value, defaults, arg, types)
     if show:
-        print_config(config)
+        print_overrides(config, defaults)
     return config
 
 
@@ -148,7 +189,7 @@ def key_comments(path):
     return entries
 
 
-def help_text(defaults, sources):
+def help_text(defaults, sources, types=None):
     """Usage (the first source's docstring) and every key of defaults, grouped, with its default,
     its type and the one line its source's comment says about it."""
     with open(sources[0]) as f:
@@ -165,11 +206,12 @@ def help_text(defaults, sources):
         groups.setdefault(group, []).append((key, text))
     width = max(len(f"--{k}={defaults[k]!r}") for k in defaults)
     lines = [usage, '', 'Arguments are config files (plain Python) and --key=value, applied in '
-             'order. Keys:']
+             'order.', 'A bool takes True or False (or true, false); None unsets a key whose type '
+             'ends in |None. Keys:']
     for group, keys in ((g, k) for g, k in groups.items() if k):
         lines.append(f"\n{group}:")
         for key, text in keys:
-            kind = type(defaults[key]).__name__ if defaults[key] is not None else 'optional'
+            kind = kind_of(key, defaults, types or {}).name()
             lines.append(f"  {f'--{key}={defaults[key]!r}':<{width}}  {kind:<8} {text}".rstrip())
     return '\n'.join(lines)
 
@@ -220,9 +262,12 @@ def variant_settings(name, config, keys):
     return {k: v for k, v in made.items() if k in keys}
 
 
-def print_config(config):
-    width = max(map(len, config))
-    for key, value in config.items():
+def print_overrides(config, defaults):
+    """The settings that differ from the defaults, one a line (the full set goes to config.json)."""
+    changed = {k: v for k, v in config.items() if k not in defaults or v != defaults[k]}
+    width = max(map(len, changed), default=0)
+    print("settings that differ from the defaults:" if changed else "the default settings")
+    for key, value in changed.items():
         print(f"  {key:<{width}} = {value!r}")
 
 
@@ -230,7 +275,21 @@ def print_config(config):
 # device and precision: one rule for every script
 
 def pick_device(device):
-    return device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    """The device to use: cuda when available (None), or the one named, if this torch has it."""
+    if device is None:
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    if device.startswith('cuda') and not torch.cuda.is_available():
+        raise UserError(f"device {device}: this torch has no CUDA device (a CPU-only build, or no "
+                        "GPU visible): use --device=cpu")
+    index = int(device.partition(':')[2] or 0)
+    if device.startswith('cuda') and index >= torch.cuda.device_count():
+        raise UserError(f"device {device}: there are {torch.cuda.device_count()} CUDA devices")
+    if device == 'mps' and not torch.backends.mps.is_available():
+        raise UserError("device mps: this torch has no MPS device: use --device=cpu")
+    return device
+
+
+DTYPES = ('float32', 'bfloat16', 'float16')
 
 
 def pick_precision(dtype, device):
@@ -240,7 +299,7 @@ def pick_precision(dtype, device):
     if dtype is None and device.startswith('cuda'):
         dtype = 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'
     dtype = dtype or 'float32'
-    if dtype not in ('float32', 'bfloat16', 'float16'):
+    if dtype not in DTYPES:
         raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
     return dtype
 
@@ -394,20 +453,6 @@ class Dataset:
         high = self.tokens(split) - self.block_size - 1
         return torch.randint(high, (count,), generator=g).numpy()
 
-    def repeated_tokens(self, count, *key):
-        """(count, 2P) rows of P random tokens, then the same P again (2P: block_size rounded
-        down to even), drawn from key alone: the probe of GPT.induction. The tokens are drawn
-        uniformly from the ids that occur in the first 2^20 training tokens, never the
-        end-of-document token: an id the model has never seen (a byte above 127 in source
-        code) measures its surprise, not its copying."""
-        data = np.memmap(os.path.join(self.dir, 'train.bin'), dtype=self.meta['dtype'], mode='r')
-        seen = np.unique(data[:2 ** 20])
-        seen = torch.from_numpy(seen[seen != self.meta['eot']].astype(np.int64))
-        seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
-        g = torch.Generator().manual_seed(seed)
-        half = seen[torch.randint(len(seen), (count, self.block_size // 2), generator=g)]
-        return torch.cat([half, half], dim=1)
-
     def tiling(self, split, batch_size):
         """Batches of up to batch_size window starts, with their window length, in which every
         token of the split after the first is a target exactly once, in order: full windows end
@@ -420,11 +465,16 @@ class Dataset:
             batches.append((np.array([len(starts) * block]), targets % block))
         return batches
 
+    def array(self, split):
+        """The split's tokens, read-only. A fresh memmap each call: nanoGPT's fix for the memory
+        growth of a long-lived one."""
+        return np.memmap(os.path.join(self.dir, f'{split}.bin'), dtype=self.meta['dtype'], mode='r')
+
     def batch(self, split, starts, device='cpu', length=None):
-        """Inputs and next-token targets (len(starts), length or block_size) as int64, on device.
-        A fresh memmap each call: nanoGPT's fix for the memory growth of a long-lived one."""
+        """Inputs and next-token targets (len(starts), length or block_size) as int64, on
+        device."""
         length = length or self.block_size
-        data = np.memmap(os.path.join(self.dir, f'{split}.bin'), dtype=self.meta['dtype'], mode='r')
+        data = self.array(split)
         xy = torch.from_numpy(np.stack([data[s:s + length + 1] for s in starts]).astype(np.int64))
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
         if str(device).startswith('cuda'):

@@ -1,16 +1,13 @@
 """
-The whole kvgpt model in one file: a GPT-2 style pre-LN decoder in which one of
-the attention weights W_Q, W_K, W_V can be fixed to the identity.
+The whole kvgpt model in one file: a GPT-2 style pre-LN decoder in which one of the attention
+weights W_Q, W_K, W_V can be fixed to the identity. It imports only torch: copy it anywhere.
 
-Karbevski & Mijoski, "Key and Value Weights Are Probably All You Need"
-(arXiv 2510.23912): attention sees its input X only through XW_Q, XW_K, XW_V,
-so a change of basis moves W_Q into the neighbouring weights. With
-`query='identity'` head h's query is the coordinate slice [h*hd, (h+1)*hd) of the
-attention input (the ln_1 output) and the input projection makes only K and V:
-every layer loses n_embd^2 weights, 25% of the attention.
-
-Module names follow nanoGPT (transformer.wte, h.N.attn.c_attn, ...) so nanoGPT
-checkpoints load as baseline models.
+Karbevski & Mijoski, "Key and Value Weights Are Probably All You Need" (arXiv 2510.23912):
+attention sees its input X only through XW_Q, XW_K, XW_V, so a change of basis moves W_Q into
+the neighbouring weights. With `query='identity'` head h's query is the coordinate slice
+[h*hd, (h+1)*hd) of the attention input (the ln_1 output), the input projection makes only K
+and V, and every layer loses n_embd^2 weights, 25% of the attention. Module names follow
+nanoGPT (transformer.wte, h.N.attn.c_attn, ...), so nanoGPT checkpoints load as baselines.
 """
 import inspect
 import math
@@ -56,6 +53,7 @@ class GPTConfig:
     pos: str = 'learned'  # 'learned' (GPT-2's wpe table) or 'rope' (rotary q and k, no wpe)
     rope_base: float = 10000.0  # RoPE: the wavelength base of its frequencies
     qk_norm: bool = False  # RMSNorm (learned gain) of q and k per head, before RoPE
+    learn_scale: bool = False  # a learned softmax scale per head, exp(theta_h) from ln(scale)
     # model: the paper's theoretical settings (section 4), off by default
     norm: bool = True  # False: no LayerNorm anywhere (where the theorems are exact)
     mlp_residual: bool = True  # False: the skip connection surrounds only the attention
@@ -65,62 +63,48 @@ class GPTConfig:
     query_identity: InitVar[bool] = False  # the paper's flag: True is query='identity' (not stored)
 
     def __post_init__(self, query_identity=False):
-        if query_identity:
-            if self.query not in ('linear', 'identity'):
-                raise ValueError(f"query_identity=True contradicts query='{self.query}': set one")
-            self.query = 'identity'
-        if self.mlp_hidden is None:
-            self.mlp_hidden = 4 * self.n_embd
-        if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
-        if self.query_rank is None:
-            self.query_rank = self.n_embd // 2
-        if self.query not in QUERY_MODES:
-            raise ValueError(f"query must be one of {', '.join(QUERY_MODES)}, got {self.query!r}")
-        identities = [n for n in ('key_identity', 'value_identity') if getattr(self, n)]
-        if self.query != 'linear':
-            identities.insert(0, f"query='{self.query}'")
-        if len(identities) > 1:
-            raise ValueError("at most one of query='identity' (or another non-linear query), "
-                             f"key_identity, value_identity may be set, got {identities}")
+        if query_identity:  # 'linear' is the unset default here
+            self.query = upgrade_query(dict(query_identity=True, query=None if self.query ==
+                                            'linear' else self.query))['query']
+        self.mlp_hidden = 4 * self.n_embd if self.mlp_hidden is None else self.mlp_hidden
+        self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
+        self.query_rank = self.n_embd // 2 if self.query_rank is None else self.query_rank
         for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden',
-                     'n_kv_head', 'query_rank'):
-            if getattr(self, name) <= 0:
+                     'n_kv_head', 'query_rank', 'query_mix', 'init_std',
+                     *['attn_scale'] * (self.attn_scale is not None)):
+            if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head "
-                             f"({self.n_kv_head})")
-        if (self.key_identity or self.value_identity) and self.n_kv_head != self.n_head:
-            raise ValueError("key_identity/value_identity need n_kv_head == n_head: "
-                             "with grouped-query attention K and V are narrower than the input, so "
-                             "they cannot be the identity")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got "
-                             f"{self.activation!r}")
-        if not self.query_mix > 0:
-            raise ValueError(f"query_mix must be positive, got {self.query_mix}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not self.init_std > 0:
-            raise ValueError(f"init_std must be positive, got {self.init_std}")
-        if self.attn_scale is not None and not self.attn_scale > 0:
-            raise ValueError(f"attn_scale must be positive, got {self.attn_scale}")
-        if self.pos not in ('learned', 'rope'):
-            raise ValueError(f"pos must be 'learned' or 'rope', got {self.pos!r}")
-        if self.pos == 'rope' and (self.head_dim % 2 or not self.rope_base > 0):
-            raise ValueError(f"pos='rope' needs an even head size and rope_base > 0, got head size "
-                             f"{self.head_dim} and rope_base {self.rope_base}")
+        identities = [f"query='{self.query}'"] * (self.query != 'linear') + [
+            n for n in ('key_identity', 'value_identity') if getattr(self, n)]
+        rope_ok = self.pos != 'rope' or (self.head_dim % 2 == 0 and self.rope_base > 0)
+        for ok, problem in (
+                (self.query in QUERY_MODES,
+                 f"query must be one of {', '.join(QUERY_MODES)}, got {self.query!r}"),
+                (len(identities) <= 1, "at most one of query='identity' (or another non-linear "
+                 f"query), key_identity, value_identity may be set, got {identities}"),
+                (self.n_embd % self.n_head == 0,
+                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"),
+                (self.n_head % self.n_kv_head == 0,
+                 f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})"),
+                (not (self.key_identity or self.value_identity) or self.n_kv_head == self.n_head,
+                 "key_identity/value_identity need n_kv_head == n_head (with grouped-query "
+                 "attention K and V are narrower than the input)"),
+                (self.activation in ACTIVATIONS, f"activation must be one of "
+                 f"{', '.join(ACTIVATIONS)}, got {self.activation!r}"),
+                (0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}"),
+                (self.pos in ('learned', 'rope'), f"pos must be 'learned' or 'rope', got "
+                 f"{self.pos!r}"),
+                (rope_ok, f"pos='rope' needs an even head size and rope_base > 0, got head size "
+                 f"{self.head_dim} and rope_base {self.rope_base}")):
+            if not ok:
+                raise ValueError(problem)
 
     @classmethod
     def from_dict(cls, args):
-        """A config from saved model_args; keys it does not know (nanoGPT's extras) are ignored.
-        Older kvgpt checkpoints name the reduced model query_identity=True: read as
-        query='identity'."""
-        args = upgrade_query(args)
+        """A config from saved model_args (old ones read by upgrade_query); keys it does not know
+        (nanoGPT's extras) are ignored."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in args.items() if k in known})
+        return cls(**{k: v for k, v in upgrade_query(args).items() if k in known})
 
     @property
     def head_dim(self):
@@ -128,18 +112,17 @@ class GPTConfig:
 
     @property
     def scale(self):
+        """attn_scale, or 1/sqrt(hd), halved for W_Q = I (or W_K = I) as the paper does: with one
+        learned matrix in the logits they start with a larger variance."""
         if self.attn_scale is not None:
             return float(self.attn_scale)
-        # Paper's choice for W_Q = I: with one learned matrix in the logits they start
-        # with a larger variance, so the softmax scale is halved to 1/(2 sqrt(hd)).
         halved = self.query == 'identity' or self.key_identity
         return 1.0 / ((2.0 if halved else 1.0) * math.sqrt(self.head_dim))
 
 
 def upgrade_query(args):
-    """Settings with the old shorthand query_identity (kvgpt before `query`) as the one setting
-    `query`: query_identity=True is query='identity'; query None is 'linear'. Contradictions are
-    errors."""
+    """The one reading of old settings: query_identity=True (the paper's flag, and kvgpt's before
+    `query`) is query='identity'; query None is 'linear'; a contradiction is an error."""
     args = dict(args)
     legacy, query = args.pop('query_identity', False), args.get('query')
     if legacy and query not in (None, 'identity'):
@@ -150,10 +133,8 @@ def upgrade_query(args):
 
 
 class KVCache:
-    """K and V of every layer for incremental decoding, sized by n_kv_head: every query mode
-    leaves the cache untouched (a query is made per position and never cached); GQA shrinks
-    it by n_head / n_kv_head. One tensor per layer, written in place by a slice: a single
-    5-D cache makes torch.compile copy the whole cache on every token."""
+    """K and V of every layer (queries are never cached), one tensor per layer written in place:
+    a single 5-D cache makes torch.compile copy all of it on every token."""
 
     def __init__(self, config, batch_size, device=None, dtype=torch.float32):
         shape = (batch_size, config.n_kv_head, config.block_size, config.head_dim)
@@ -166,8 +147,8 @@ class KVCache:
 
 
 class QueryMLP(nn.Module):
-    """The follow-up's nonlinear query map f(x) = LN(GELU(RMSNorm(x) W1) W2), a bottleneck of
-    width r; with r = d/2 it has W_Q's d^2 weights (plus two norms)."""
+    """The follow-up's nonlinear query map f(x) = LN(GELU(RMSNorm(x) W1) W2): with r = d/2 it
+    has W_Q's d^2 weights (plus two norms)."""
 
     def __init__(self, config):
         super().__init__()
@@ -180,43 +161,16 @@ class QueryMLP(nn.Module):
         return self.ln(self.proj(F.gelu(self.fc(self.norm(x)))))
 
 
-def attention_path(x):
-    """'explicit' on a CPU computing in 16 bits, else 'sdpa'. The two compute the same function;
-    only their speed differs. On CPUs measured here (docs/benchmarks.md) the fused CPU kernel
-    behind F.scaled_dot_product_attention is the fastest in fp32 but the slowest in bf16, where
-    plain matmuls (oneDNN's bf16 GEMM) and one softmax win; on CUDA the fused kernels win."""
-    kind = x.device.type
-    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
-    return 'explicit' if kind == 'cpu' and dtype in (torch.bfloat16, torch.float16) else 'sdpa'
-
-
-def attend(q, k, v, mask, causal, scale, dropout_p=0.0, path=None):
-    """softmax(scale q k^T + mask) v for q (B, nh, T, hd) and k, v (B, nkv, S, hd); causal is
-    is_causal of F.scaled_dot_product_attention (query i sees keys 0..i), mask a boolean
-    (T, S) of allowed entries. path None: attention_path's choice."""
-    if (path or attention_path(q)) == 'sdpa':
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                              scale=scale, dropout_p=dropout_p,
-                                              enable_gqa=k.size(1) != q.size(1))
-    # grouped-query attention: each K/V head serves n_head/n_kv_head queries
-    if k.size(1) != q.size(1):
-        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
-        v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
-    scores = (q @ k.transpose(-2, -1)) * scale
-    if causal:
-        mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float('-inf'))
-    # the softmax in at least fp32, as the fused kernels compute it
-    probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
-    return F.dropout(probs, dropout_p) @ v if dropout_p > 0 else probs @ v
+def causal_mask(T, S, device=None):
+    """(T, S) boolean of allowed entries for T queries at the last T of S positions: each sees
+    every key up to its own position."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
 
 
 def rope_tables(positions, head_dim, base):
-    """(cos, sin), each (T, head_dim), of rotary embeddings at the given positions: dimension
-    pair (i, i + head_dim/2) turns by the angle position * base^(-2i/head_dim). Made from the
-    positions each forward, so there is no table to outgrow and no buffer in the state dict."""
-    # in float64: a float32 angle at position 10^4 is off by ~10^-3 rad
+    """(cos, sin), each (T, head_dim), of rotary embeddings at positions: dimension pair (i, i +
+    head_dim/2) turns by position * base^(-2i/head_dim). Made each forward (no table to outgrow),
+    in float64: a float32 angle at position 10^4 is off by ~10^-3 rad."""
     freqs = base ** (-torch.arange(0, head_dim, 2, device=positions.device).double() / head_dim)
     angles = positions.double()[:, None] * freqs[None, :]
     angles = torch.cat([angles, angles], dim=-1)
@@ -248,14 +202,15 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(C, self.q_dim + self.k_dim + self.v_dim, bias=config.bias)
         self.q_mlp = QueryMLP(config) if config.query == 'nonlinear' else None
         self.c_proj = nn.Linear(C, C, bias=config.bias)
-        # QK-norm: each head's q and k to RMS 1 (one learned gain per dimension, shared by the
-        # heads), so the logits start at std scale * sqrt(hd) whatever the stream's size; the
-        # gains let them grow. The scale stays config.scale (halved when Q or K is I).
+        # QK-norm: each head's q and k to RMS 1 (a learned gain per dimension, shared by the
+        # heads): the logits start at std scale * sqrt(hd) whatever the stream's size.
         self.q_norm = nn.RMSNorm(hd) if config.qk_norm else None
         self.k_norm = nn.RMSNorm(hd) if config.qk_norm else None
-        self.scale = config.scale
-        self.dropout = config.dropout
+        self.scale, self.dropout = config.scale, config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
+        # learn_scale: n_head parameters per layer, 1-D so without weight decay
+        self.log_scale = nn.Parameter(torch.full((config.n_head,), math.log(config.scale))) \
+            if config.learn_scale else None
 
     def make_query(self, x, xq):
         """The query of every query mode, from x and x W_Q (empty when there is no W_Q)."""
@@ -275,11 +230,8 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([self.q_dim, self.k_dim, self.v_dim], dim=2)
         q = self.make_query(x, q)
-        k = x if self.k_dim == 0 else k
-        v = x if self.v_dim == 0 else v
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        k, v = (x if self.k_dim == 0 else k), (x if self.v_dim == 0 else v)
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -292,14 +244,16 @@ class CausalSelfAttention(nn.Module):
         mask, causal = None, True
         if cache is not None:
             p = cache.pos
-            cache.k[layer][:, :, p:p + T] = k
-            cache.v[layer][:, :, p:p + T] = v
+            cache.k[layer][:, :, p:p + T], cache.v[layer][:, :, p:p + T] = k, v
             k, v = cache.k[layer][:, :, :p + T], cache.v[layer][:, :, :p + T]
             if p > 0:  # queries sit at positions p..p+T-1 and see every key up to themselves
-                causal = False
-                if T > 1:
-                    mask = torch.ones(T, p + T, dtype=torch.bool, device=x.device).tril(diagonal=p)
-        y = attend(q, k, v, mask, causal, self.scale, self.dropout if self.training else 0.0)
+                causal, mask = False, causal_mask(T, p + T, x.device) if T > 1 else None
+        scale = self.scale
+        if self.log_scale is not None:  # per head, on q; SDPA's own scale is then 1
+            q, scale = q * self.log_scale.exp().view(1, -1, 1, 1).to(q.dtype), 1.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           scale=scale, enable_gqa=k.size(1) != q.size(1),
+                                           dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -358,46 +312,33 @@ class GPT(nn.Module):
         # GPT-2's scaled init of the projections that write into the residual stream
         for name, p in self.named_parameters():
             if name.endswith('c_proj.weight'):
-                std = config.init_std / math.sqrt(2 * config.n_layer)
-                torch.nn.init.normal_(p, mean=0.0, std=std)
+                torch.nn.init.normal_(p, 0.0, config.init_std / math.sqrt(2 * config.n_layer))
         if verbose:
             print(f"number of parameters: {self.get_num_params() / 1e6:.2f}M")
 
     def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
-            if module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            torch.nn.init.zeros_(module.bias)
 
-    def get_num_params(self):
-        """Every parameter tensor counted once (tied embeddings once, shared blocks once)."""
+    def get_num_params(self):  # each tensor once: tied embeddings, shared blocks
         return sum(p.numel() for p in self.parameters())
 
-    def param_breakdown(self):
-        """Parameters by part, each tensor once: shows where the 25% attention saving lands."""
-        parts = dict(embeddings=0, attention=0, mlp=0, norms=0)
-        for name, p in self.named_parameters():  # named_parameters() skips tied/shared duplicates
-            if '.attn.' in name:
-                parts['attention'] += p.numel()
-            elif '.mlp.' in name:
-                parts['mlp'] += p.numel()
-            elif '.ln_' in name:
-                parts['norms'] += p.numel()
-            else:
-                parts['embeddings'] += p.numel()  # wte, wpe, an untied lm_head
-        parts['total'] = sum(parts.values())
-        return parts
-
-    def blocks(self):
-        """The block applied at each layer, in order (the same one n_layer times if shared)."""
+    def blocks(self):  # the block applied at each layer (the same one n_layer times if shared)
         h = self.transformer.h
         return [h[0] if self.config.share_layers else h[i] for i in range(self.config.n_layer)]
 
+    def embed(self, idx, start=0):
+        """(the token embeddings plus learned positions, RoPE's (cos, sin) or None)."""
+        pos = torch.arange(start, start + idx.size(1), dtype=torch.long, device=idx.device)
+        if self.config.pos == 'rope':
+            return self.transformer.wte(idx), rope_tables(pos, self.config.head_dim,
+                                                          self.config.rope_base)
+        return self.transformer.wte(idx) + self.transformer.wpe(pos), None
+
     def forward(self, idx, targets=None, cache=None, offset=0):
-        """Logits (and the loss with targets) of idx (B, T) at positions offset.. (or after the
-        cache's); offset is for probing RoPE, whose logits do not depend on it."""
+        """Logits (and with targets the loss) of idx (B, T) from position offset, or the cache's."""
         B, T = idx.shape
         start = cache.pos if cache is not None else offset
         if start + T > self.config.block_size:
@@ -421,10 +362,8 @@ class GPT(nn.Module):
         """AdamW; decay on every tensor with 2+ dims (matmuls, embeddings), none on norms and
         biases."""
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-            {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0},
-        ]
+        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
         fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas,
                                  **({'fused': True} if fused else {}))
@@ -433,8 +372,7 @@ class GPT(nn.Module):
         """Training FLOPs per token (forward + backward, PaLM appendix B): 6 per matmul weight
         as applied (a shared block counts n_layer times) plus the attention scores and sums.
         A reduced model has fewer matmul weights and so fewer FLOPs."""
-        T = T or self.config.block_size
-        cfg = self.config
+        cfg, T = self.config, T or self.config.block_size
         per_layer = sum(p.numel() for p in self.blocks()[0].parameters() if p.dim() == 2)
         matmul = cfg.n_layer * per_layer + self.lm_head.weight.numel()
         return 6 * matmul + 12 * cfg.n_layer * cfg.n_embd * T
@@ -446,98 +384,15 @@ class GPT(nn.Module):
             return None
         return self.flops_per_token(T) * tokens_per_iter / dt / peak_flops
 
-    # -------------------------------------------------------------------------
-    # diagnostics: what the paper's two adjustments (halved scale, lower weight decay) act on
-
-    def attention_probs(self, block, x, rope=None):
-        """(probabilities (B, n_head, T, T), scores, q, k) of block's attention on its input x."""
-        attn, T = block.attn, x.size(1)
-        q, k, _ = attn.qkv(block.ln_1(x), rope)
-        dtype = torch.promote_types(q.dtype, torch.float32)  # at least fp32, float64 stays float64
-        q, k = q.to(dtype), k.to(dtype).repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        with torch.autocast(x.device.type, enabled=False):  # 16-bit probabilities underflow to 0
-            scores = attn.scale * q @ k.transpose(-1, -2)
-            probs = torch.softmax(scores.masked_fill(~causal, float('-inf')), dim=-1)
-        return probs, scores, q, k
-
-    def embed(self, idx, start=0):
-        """(the token embeddings plus learned positions, RoPE's (cos, sin) or None)."""
-        pos = torch.arange(start, start + idx.size(1), dtype=torch.long, device=idx.device)
-        if self.config.pos == 'rope':
-            return self.transformer.wte(idx), rope_tables(pos, self.config.head_dim,
-                                                          self.config.rope_base)
-        return self.transformer.wte(idx) + self.transformer.wpe(pos), None
-
-    @torch.no_grad()
-    def diagnostics(self, idx):
-        """On one batch idx (B, T), per layer: the std of the attention logits after the scale
-        (over the causal entries), the mean attention entropy in nats and divided by its maximum
-        ln(t) at position t (position 1, with one key, is left out of the latter), and the RMS of
-        q and k. Then the Frobenius norm of each weight group. It walks the blocks itself, so the
-        training path is untouched; it materialises (B, n_head, T, T) scores: keep B small."""
-        T = idx.size(1)
-        x, rope = self.embed(idx)
-        causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
-        max_entropy = torch.arange(1, T + 1, device=idx.device, dtype=torch.float32).log()
-        out = dict(logit_std=[], entropy=[], entropy_norm=[], q_rms=[], k_rms=[])
-        for block in self.blocks():
-            probs, scores, q, k = self.attention_probs(block, x, rope)
-            # (B, nh, T); a masked p = 0 adds 0
-            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
-            out['logit_std'].append(scores[..., causal].std().item())
-            out['entropy'].append(entropy.mean().item())
-            out['entropy_norm'].append((entropy[..., 1:] / max_entropy[1:]).mean().item())
-            out['q_rms'].append(q.pow(2).mean().sqrt().item())
-            out['k_rms'].append(k.pow(2).mean().sqrt().item())
-            x = block(x, rope=rope)
-        out['weight_norm'] = self.weight_norms()
-        return out
-
-    @torch.no_grad()
-    def induction(self, idx):
-        """On idx (B, 2P): P random tokens, then the same P again. Per layer and head, the induction
-        score: the mean attention that a token of the second copy pays to the token after its
-        earlier occurrence (position i attends to i - P + 1), the pattern of an induction head.
-        And repeat_loss, the mean loss on the second copy's targets, which such heads make
-        predictable. Small models form these heads in one sudden drop of the loss."""
-        P = idx.size(1) // 2
-        (x, rope), scores = self.embed(idx), []
-        rows = torch.arange(P, 2 * P, device=idx.device)
-        for block in self.blocks():
-            probs = self.attention_probs(block, x, rope)[0]
-            scores.append(probs[:, :, rows, rows - P + 1].mean(dim=(0, 2)).tolist())
-            x = block(x, rope=rope)
-        logits = self.lm_head(self.transformer.ln_f(x))[:, P:-1]
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx[:, P + 1:].reshape(-1))
-        return dict(induction=scores, repeat_loss=loss.item())
-
-    def weight_norms(self):
-        """Frobenius norm of each group of matrices, over all layers (each tensor once)."""
-        groups = dict(attn_in=0.0, attn_out=0.0, mlp_in=0.0, mlp_out=0.0, embeddings=0.0)
-        for name, p in self.named_parameters():
-            if p.dim() < 2:
-                continue
-            group = ('attn_out' if 'attn.c_proj' in name else 'attn_in' if '.attn.' in name else
-                     'mlp_in' if 'mlp.c_fc' in name else 'mlp_out' if 'mlp.c_proj' in name else
-                     'embeddings')
-            groups[group] += p.detach().double().pow(2).sum().item()
-        return {k: math.sqrt(v) for k, v in groups.items()}
-
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                         use_cache=True, generator=None, eos_token=None):
         """Yield the next tokens (B, 1) one step at a time; temperature 0 is greedy. With
-        eos_token it stops once every row has produced it (that step is yielded). With the
-        cache the prompt is prefilled once and each step feeds one token. Once the context
-        reaches block_size the cache is rebuilt from the last block_size tokens each step, what
-        the uncached path computes: learned positions have no embedding past block_size, and
-        the cache holds block_size positions. Under RoPE the window's positions restart at 0,
-        which changes no logit: they depend on relative positions only.
-        The cache takes the autocast dtype when one is active, so bf16 K/V are stored as bf16."""
-        block = self.config.block_size
-        cache = None
+        eos_token it stops once every row has produced it. The cache prefills the prompt once,
+        then feeds one token a step. Past block_size both paths slide a window of the last
+        block_size tokens (the cache is rebuilt from it each step): learned positions end there,
+        and under RoPE the window restarting at 0 changes no logit."""
+        block, cache = self.config.block_size, None
         done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
             if not use_cache:
@@ -555,11 +410,10 @@ class GPT(nn.Module):
                 if done.all():
                     return
 
-    def cache_dtype(self, device):
+    def cache_dtype(self, device):  # the autocast dtype when one is active, else the weights'
         kind = torch.device(device).type
-        if torch.is_autocast_enabled(kind):
-            return torch.get_autocast_dtype(kind)
-        return self.lm_head.weight.dtype
+        on = torch.is_autocast_enabled(kind)
+        return torch.get_autocast_dtype(kind) if on else self.lm_head.weight.dtype
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
@@ -569,14 +423,10 @@ class GPT(nn.Module):
                                      generator, eos_token)
         return torch.cat([idx, *steps], dim=1)
 
-    # -------------------------------------------------------------------------
-    # making a model: from a checkpoint (kvgpt's or nanoGPT's), or from OpenAI GPT-2 weights
-
     @classmethod
     def from_checkpoint(cls, ckpt, verbose=True):
-        """The model of a checkpoint dict (common.load_checkpoint). nanoGPT's model_args lack
-        kvgpt's fields, whose defaults describe nanoGPT's model; old kvgpt checkpoints name the
-        reduced model query_identity=True, which GPTConfig.from_dict reads as query='identity'."""
+        """The model of a checkpoint dict (common.load_checkpoint): kvgpt's, or nanoGPT's, whose
+        model_args lack kvgpt's fields (their defaults describe nanoGPT's model)."""
         state = {k.removeprefix('module.').removeprefix('_orig_mod.'): v
                  for k, v in ckpt['model'].items()}
         try:
@@ -590,9 +440,9 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path, dropout=0.0):
         """OpenAI GPT-2 weights as a baseline model: a hub name (gpt2..gpt2-xl) or a local folder
-        saved by transformers. Conv1D weights are stored transposed; GPT-2's MLP uses tanh GELU."""
+        saved by transformers."""
         hf = load_hf_gpt2(name_or_path)
-        h = hf.config
+        h = hf.config  # its Conv1D weights are stored transposed; GPT-2's MLP uses tanh GELU
         act = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu',
                'relu': 'relu'}.get(h.activation_function)
         if act is None:
@@ -624,8 +474,7 @@ def load_hf_gpt2(name_or_path):
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:
-        raise ImportError("loading GPT-2 weights needs transformers: `pip install "
-                          "transformers`") from None
+        raise ImportError("loading GPT-2 weights needs transformers: pip install transformers")
     try:
         return GPT2LMHeadModel.from_pretrained(name_or_path)
     except Exception as e:
@@ -644,10 +493,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # keep the smallest prefix reaching top_p
-        drop = cum - sorted_logits.softmax(dim=-1) >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float('-inf'))
-        logits = torch.full_like(logits, float('-inf')).scatter(-1, order, sorted_logits)
-    probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
+        probs = sorted_logits.softmax(dim=-1)
+        drop = probs.cumsum(dim=-1) - probs >= top_p  # keep the smallest prefix reaching top_p
+        logits = torch.full_like(logits, float('-inf')).scatter(
+            -1, order, sorted_logits.masked_fill(drop, float('-inf')))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)

@@ -21,8 +21,8 @@ import sysconfig
 
 import numpy as np
 
-from common import (SPLITS, UserError, bins_match_meta, get_tokenizer, parse_config, read_json,
-                    run_main, write_json)
+from common import (SPLITS, Kind, TOKENIZERS, UserError, bins_match_meta, get_tokenizer,
+                    parse_config, read_json, run_main, write_json)
 
 DEFAULTS = dict(
     dataset='openwebtext',  # 'openwebtext', 'pydocs', 'pysource' (embedded), a hub id, local files
@@ -38,6 +38,9 @@ DEFAULTS = dict(
     force=False,  # re-run even when an identical finished run exists
     progress=True,  # datasets' progress bars (off when train.py prepares an embedded corpus itself)
 )
+# the type of each key whose default does not say it (--help shows them)
+TYPES = dict(tokenizer=Kind(str, tuple(TOKENIZERS)), val_size=Kind(float), out_name=Kind(str),
+             dtype=Kind(str, ('auto', 'uint8', 'uint16', 'uint32')))
 LOCAL_BUILDERS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}
 
 
@@ -289,7 +292,7 @@ def prepare(c):
 
 
 def main(argv=None):
-    return prepare(parse_config(DEFAULTS, argv, show=True))
+    return prepare(parse_config(DEFAULTS, argv, show=True, types=TYPES))
 
 
 if __name__ == '__main__':

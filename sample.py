@@ -12,8 +12,8 @@ import os
 import sys
 import torch
 
-from common import (UserError, get_tokenizer, model_errors, model_from_checkpoint, parse_config,
-                    run_main, setup_device, stream_decoder)
+from common import (DTYPES, Kind, UserError, get_tokenizer, model_errors, model_from_checkpoint,
+                    parse_config, run_main, setup_device, stream_decoder)
 from model import GPT
 
 DEFAULTS = dict(
@@ -32,6 +32,9 @@ DEFAULTS = dict(
     compile=False,  # True: torch.compile the decoding steps
     use_cache=True,  # False: recompute the whole context for every token (for comparison)
 )
+# the type of each key whose default does not say it (--help shows them)
+TYPES = dict(top_k=Kind(int, optional=True), top_p=Kind(float), device=Kind('device'),
+             dtype=Kind(str, DTYPES))
 
 
 def check_settings(c):
@@ -120,7 +123,7 @@ def sample(c):
 
 
 def main(argv=None):
-    return sample(parse_config(DEFAULTS, argv))
+    return sample(parse_config(DEFAULTS, argv, types=TYPES))
 
 
 if __name__ == '__main__':

@@ -24,6 +24,10 @@ def identity_kw(identity):
     return dict(query='identity') if identity == 'query' else {identity: True}
 
 
+def attention_params(model):
+    return sum(p.numel() for name, p in model.named_parameters() if '.attn.' in name)
+
+
 def tiny(**kw):
     cfg = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=64)
     cfg.update(kw)
@@ -36,7 +40,6 @@ def test_paper_variant_counts_and_scales(overrides, params, scale):
     with torch.device('meta'):  # counts need no memory
         model = GPT(GPTConfig(**{**GPT2, **overrides}), verbose=False)
     assert model.get_num_params() == params
-    assert model.param_breakdown()['total'] == params
     assert model.config.scale == pytest.approx(scale, rel=1e-12)
 
 
@@ -48,7 +51,7 @@ def test_reduced_saves_n_layer_n_embd_squared_and_a_quarter_of_attention():
         base_b = GPT(GPTConfig(**{**GPT2, 'bias': True}), verbose=False)
     assert base.get_num_params() - red.get_num_params() == 12 * 768 ** 2
     assert base_b.get_num_params() - red_b.get_num_params() == 12 * (768 ** 2 + 768)
-    a, b = base.param_breakdown()['attention'], red.param_breakdown()['attention']
+    a, b = attention_params(base), attention_params(red)
     assert b / a == 0.75
 
 
@@ -307,7 +310,7 @@ def test_query_parameter_counts_and_flops():
     base = counts['linear'].flops_per_token()
     assert counts['nonlinear'].flops_per_token() == base == counts['residual'].flops_per_token()
     assert base - counts['identity'].flops_per_token() == 6 * 12 * 768 ** 2
-    attention = {q: m.param_breakdown()['attention'] for q, m in counts.items()}
+    attention = {q: attention_params(m) for q, m in counts.items()}
     assert attention['nonlinear'] == attention['linear'] + 12 * 1536
 
 
@@ -360,47 +363,6 @@ def test_bad_query_configs_fail_clearly(kw, message):
         GPTConfig(**kw)
 
 
-def test_diagnostics_equal_an_independent_computation():
-    """Hand-set weights, no LayerNorm (ln_1 is the identity), one layer of 2 heads of size 2."""
-    import numpy as np
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=4, block_size=5, vocab_size=6, norm=False)
-    model = GPT(cfg, verbose=False).double()
-    rng = np.random.default_rng(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.from_numpy(rng.normal(0, 0.7, tuple(p.shape))))
-    idx = torch.tensor([[1, 4, 2, 5, 0], [3, 3, 1, 0, 2]])
-    diag = model.diagnostics(idx)
-    sd = {k: v.numpy() for k, v in model.state_dict().items()}
-    x = sd['transformer.wte.weight'][idx.numpy()] + sd['transformer.wpe.weight'][np.arange(5)]
-    W = sd['transformer.h.0.attn.c_attn.weight']
-    q, k = x @ W[:4].T, x @ W[4:8].T
-    ents, norms = [], []
-    scores_all = []
-    for b in range(2):
-        for h in range(2):
-            s = (q[b, :, 2 * h:2 * h + 2] @ k[b, :, 2 * h:2 * h + 2].T) / np.sqrt(2)
-            for t in range(5):
-                row = s[t, :t + 1]
-                scores_all.extend(row)
-                p = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
-                ents.append(-(p * np.log(p)).sum())
-                if t:
-                    norms.append(ents[-1] / np.log(t + 1))
-    assert diag['logit_std'][0] == pytest.approx(np.std(scores_all, ddof=1), rel=1e-6)
-    assert diag['entropy'][0] == pytest.approx(np.mean(ents), rel=1e-6)
-    assert diag['entropy_norm'][0] == pytest.approx(np.mean(norms), rel=1e-6)
-    assert diag['q_rms'][0] == pytest.approx(np.sqrt((q ** 2).mean()), rel=1e-6)
-    assert diag['k_rms'][0] == pytest.approx(np.sqrt((k ** 2).mean()), rel=1e-6)
-    fro = lambda *names: np.sqrt(sum((sd[n] ** 2).sum() for n in names))
-    assert diag['weight_norm'] == pytest.approx(dict(
-        attn_in=fro('transformer.h.0.attn.c_attn.weight'),
-        attn_out=fro('transformer.h.0.attn.c_proj.weight'),
-        mlp_in=fro('transformer.h.0.mlp.c_fc.weight'),
-        mlp_out=fro('transformer.h.0.mlp.c_proj.weight'),
-        embeddings=fro('transformer.wte.weight', 'transformer.wpe.weight')), rel=1e-9)
-
-
 def test_query_identity_flag_is_the_papers_spelling_of_the_reduced_model():
     with torch.device('meta'):
         model = GPT(GPTConfig(**GPT2, query_identity=True), verbose=False)
@@ -417,3 +379,31 @@ def test_query_identity_flag_is_the_papers_spelling_of_the_reduced_model():
     assert 'query_identity' not in vars(flagged.config)
     with pytest.raises(ValueError, match="query_identity=True contradicts query='nonlinear'"):
         GPTConfig(query='nonlinear', query_identity=True)
+
+
+def test_a_learned_scale_starts_at_the_fixed_one_and_learns_per_head():
+    """learn_scale: each head's softmax scale is exp(theta_h), theta_h from ln(scale); at the start
+    the model computes what the fixed scale does, and the scale gets a gradient, no decay."""
+    fixed = tiny(query='identity').double()
+    learned = tiny(query='identity', learn_scale=True).double()
+    assert learned.get_num_params() - fixed.get_num_params() == 2 * 4  # n_layer x n_head
+    attn = learned.transformer.h[0].attn
+    assert torch.allclose(attn.log_scale.exp(), torch.full((4,), fixed.config.scale,
+                                                           dtype=torch.float64))
+    learned.load_state_dict({**fixed.state_dict(), **{k: v for k, v in learned.state_dict()
+                                                     .items() if k.endswith('log_scale')}})
+    idx = torch.randint(0, 64, (2, 16))
+    a, loss = learned(idx, idx)
+    torch.testing.assert_close(a, fixed(idx, idx)[0], rtol=1e-10, atol=1e-10)
+    loss.backward()
+    assert attn.log_scale.grad is not None and attn.log_scale.grad.abs().sum() > 0
+    decayed = learned.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').param_groups[0]
+    assert all(p is not attn.log_scale for p in decayed['params'])
+    with torch.no_grad():  # heads apart: the cached path computes the same function
+        attn.log_scale.copy_(torch.tensor([-3.0, -2.0, -1.5, -2.5]))
+        learned.eval()
+        full = learned(idx, idx)[0]
+        steps = torch.cat([learned.generate(idx[:, :8], 8, temperature=0.0)[:, 8:]])
+    assert torch.equal(steps, learned.generate(idx[:, :8], 8, temperature=0.0, use_cache=False)
+                       [:, 8:]) and full.shape == (2, 16, 64)
+

@@ -12,24 +12,28 @@ written atomically, never from a non-finite state, and resuming continues bit fo
 """
 import fcntl
 import gc
+import importlib
 import json
 import math
 import os
 import signal
 import socket
 import time
+import typing
 from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (UserError, device_peak_flops, pick_device, load_checkpoint, model_errors,
-                    model_from_checkpoint, open_dataset, parse_config, print_config, read_json,
-                    read_jsonl, run_main, save_checkpoint, setup_device, write_json, write_text)
+from common import (DTYPES, Dataset, DeviceSetup, Kind, UserError, device_peak_flops,
+                    load_checkpoint, model_errors, model_from_checkpoint, open_dataset,
+                    parse_config, pick_device, print_overrides, read_jsonl, run_main,
+                    save_checkpoint, setup_device, write_json, write_text)
 import model
-from model import GPT, GPTConfig, upgrade_query
+from model import ACTIVATIONS, GPT, QUERY_MODES, GPTConfig, upgrade_query
 
 # -----------------------------------------------------------------------------
 # defaults: GPT-2 small on OpenWebText, the authors' baseline settings; config/*.py and
@@ -46,7 +50,7 @@ DEFAULTS = dict(
     #                        (the authors' protocol), the same for every variant at the same step
     eval_only=False,  # evaluate the checkpoint (with the full val loss) and stop
     log_interval=10,  # steps between log lines (loss, gradient norm, step time)
-    diagnostics=True,  # attention, weight and induction diagnostics at each evaluation (log.jsonl)
+    diagnostics=False,  # True: the lab's attention probes at each evaluation (lab/probes.py)
     always_save_checkpoint=True,  # False: save only when val loss improves (nanoGPT's option)
     keep_checkpoints=(50000, 100000, 105000),  # steps whose ckpt_<step>.pt is kept (the authors')
     wandb_log=False,  # also log to Weights & Biases (pip install wandb)
@@ -85,12 +89,20 @@ DEFAULTS = dict(
 MODEL_KEYS = [f.name for f in fields(GPTConfig)]
 # every model field is a key, with GPTConfig's default (None where GPTConfig derives it)
 DEFAULTS.update({f.name: f.default for f in fields(GPTConfig) if f.name not in DEFAULTS})
+# the type of each key whose default does not say it (--help shows them): the model's from
+# GPTConfig's annotations (Optional[int] is an int or None), and the choices of a word
+TYPES = dict(
+    {f.name: Kind(next(a for a in (*typing.get_args(f.type), f.type) if a is not type(None)))
+     for f in fields(GPTConfig)},
+    query=Kind(str, QUERY_MODES), pos=Kind(str, ('learned', 'rope')),
+    activation=Kind(str, tuple(ACTIVATIONS)), eval_windows=Kind(str, ('fixed', 'fresh')),
+    device=Kind('device'), dtype=Kind(str, DTYPES), compile=Kind(bool),
+    backend=Kind(str, ('nccl', 'gloo')))
 TIMING_WARMUP = 2  # steps after each (re)start left out of step times, tokens/s, MFU, ETA
-# Keys of the fixed windows and probes, next to (data_seed, step) keys of the training batches:
+# The key of the evaluation windows, next to the (data_seed, step) keys of the training batches:
 # above 2**31, so no training step can draw the same windows.
-EVAL_KEY = 2 ** 31  # + split index (0 train, 1 val): the evaluation windows
-DIAGNOSTICS_KEY = 2 ** 31 + 7  # the val windows the attention diagnostics are measured on
-INDUCTION_KEY = 2 ** 31 + 8  # the repeated random tokens of the induction probe
+EVAL_KEY = 2 ** 31  # + split index (0 train, 1 val)
+PROBES = 'lab.probes'  # the module diagnostics=True runs at each evaluation: probe(data, c, device)
 
 
 # -----------------------------------------------------------------------------
@@ -112,11 +124,22 @@ def check_settings(c, world):
                         f"got {c['keep_checkpoints']!r}")
 
 
+class Dist(NamedTuple):
+    ddp: bool  # under torchrun
+    rank: int
+    world: int  # processes in all
+    device: str  # this process's
+
+    @property
+    def master(self):  # rank 0 logs, checkpoints and probes
+        return self.rank == 0
+
+
 def setup_distributed(c):
-    """(ddp, rank, world_size, device); torchrun sets RANK, LOCAL_RANK and WORLD_SIZE."""
+    """This process's Dist; torchrun sets RANK, LOCAL_RANK and WORLD_SIZE."""
     device = pick_device(c['device'])
     if int(os.environ.get('RANK', -1)) == -1:
-        return False, 0, 1, device
+        return Dist(False, 0, 1, device)
     rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     if device.startswith('cuda'):
         device = f"cuda:{os.environ['LOCAL_RANK']}"
@@ -127,7 +150,7 @@ def setup_distributed(c):
         dist.init_process_group(backend=backend)
     else:
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
-    return True, rank, world, device
+    return Dist(True, rank, world, device)
 
 
 def restart_store(world):
@@ -149,24 +172,37 @@ def restart_store(world):
     return dist.PrefixStore(f"kvgpt/restart_{generation}", store)
 
 
-def lock_out_dir(out_dir):
+class OutDirLock:
     """One run per out_dir: an exclusive flock on out_dir/.lock, which the OS releases when the
-    process ends however it ends, so a crash never leaves a stale lock. Held for the run."""
-    os.makedirs(out_dir, exist_ok=True)
-    f = open(os.path.join(out_dir, '.lock'), 'a+')
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or 'another process'
-        f.close()
-        raise UserError(f"{out_dir} is in use by {holder}: wait for that run, stop it, or choose "
-                        "another --out_dir") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"train.py (pid {os.getpid()} on {socket.gethostname()})")
-    f.flush()
-    return f
+    process ends however it ends, so a crash never leaves a stale lock. Held for the run. A run
+    that never started (never wrote its log) takes away what it made: the lock file, and the
+    out_dir itself when it made that too."""
+
+    def __init__(self, out_dir):
+        self.made_dir = not os.path.isdir(out_dir)
+        os.makedirs(out_dir, exist_ok=True)
+        self.path = os.path.join(out_dir, '.lock')
+        self.made_file = not os.path.exists(self.path)
+        self.file = open(self.path, 'a+')
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or 'another process'
+            self.file.close()
+            raise UserError(f"{out_dir} is in use by {holder}: wait for that run, stop it, or "
+                            "choose another --out_dir") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"train.py (pid {os.getpid()} on {socket.gethostname()})")
+        self.file.flush()
+
+    def release(self, started):
+        if not started and self.made_file:
+            os.remove(self.path)
+            if self.made_dir and not os.listdir(os.path.dirname(self.path)):
+                os.rmdir(os.path.dirname(self.path))
+        self.file.close()
 
 
 def open_data(c, master, ddp):
@@ -303,30 +339,25 @@ def params_finite(model):
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
-def truncate_log(path, resume_iter):
-    """On resume, drop the log lines the resumed run writes again: everything after the
-    checkpoint, and the evaluation at its iteration (the step that reached it stays)."""
-    if not os.path.exists(path):
-        return
-    keep = [e for e in read_jsonl(path)
-            if e['iter'] < resume_iter or (e['iter'] == resume_iter and 'val_loss' not in e)]
-    write_text(path, ''.join(json.dumps(e) + '\n' for e in keep))
-
-
-def run_finished(out_dir):
-    """Whether out_dir holds a run that reached its final evaluation (max_iters, full val loss)."""
-    config_path, log_path = os.path.join(out_dir, 'config.json'), os.path.join(out_dir, 'log.jsonl')
-    if not (os.path.exists(config_path) and os.path.exists(log_path)):
-        return False
-    max_iters = read_json(config_path, 'config.json')['max_iters']
-    return any(e.get('iter') == max_iters and 'val_loss_full' in e for e in read_jsonl(log_path))
-
-
 class Logger:
-    def __init__(self, path, wandb_run=None):
-        self.path, self.wandb_run = path, wandb_run
+    """log.jsonl (and W&B). Nothing is written until the run's first entry: then config.json,
+    and on a resume the log cut back to the checkpoint (the lines the resumed run writes again:
+    everything after it, and its evaluation), so a run that fails before it starts changes
+    nothing in its out_dir."""
+
+    def __init__(self, out_dir, config, resume_iter, wandb_run=None):
+        self.path, self.config, self.resume_iter = os.path.join(out_dir, 'log.jsonl'), config, \
+            resume_iter
+        self.out_dir, self.wandb_run, self.started = out_dir, wandb_run, False
 
     def __call__(self, **entry):
+        if not self.started:
+            write_json(os.path.join(self.out_dir, 'config.json'), self.config)
+            if os.path.exists(self.path):
+                keep = [e for e in read_jsonl(self.path) if e['iter'] < self.resume_iter or (
+                    e['iter'] == self.resume_iter and 'val_loss' not in e)]
+                write_text(self.path, ''.join(json.dumps(e) + '\n' for e in keep))
+            self.started = True
         with open(self.path, 'a') as f:
             f.write(json.dumps(entry) + '\n')
         if self.wandb_run is not None:
@@ -344,335 +375,389 @@ def init_wandb(c):
     return wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
 
 
+def evaluation_probe(c, data, device):
+    """The function run at each evaluation whose dict joins its log line: the lab's attention
+    probes with diagnostics=True (lab/probes.py, found beside this file), none with False."""
+    if not c['diagnostics']:
+        return None
+    try:
+        probes = importlib.import_module(PROBES)
+    except ImportError as e:
+        raise UserError(f"diagnostics=True needs {PROBES} ({e}): run from the repository root, "
+                        "or set --diagnostics=False") from None
+    return probes.probe(data, c, device)
+
+
 def format_eta(seconds):
     m = int(seconds // 60)
     return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{int(seconds % 60):02d}s"
 
 
-# -----------------------------------------------------------------------------
-# the run
+class Clock:
+    """Seconds per step since the last log line, with the first TIMING_WARMUP steps after a
+    (re)start and every evaluation left out."""
 
-class Trainer:
-    """One training run: __init__ sets it up (restoring a checkpoint), run() is the loop. Below
-    them: one step, the evaluation, checkpoints, and what every rank must agree on."""
+    def __init__(self, start_iter):
+        self.start_iter, self.mark = start_iter, None
 
-    def __init__(self, c, ddp, rank, world, device):
-        check_settings(c, world)
-        self.c, self.ddp, self.rank, self.world = c, ddp, rank, world
-        self.master = rank == 0
-        self.dev = setup_device(device, c['dtype'], c['compile'])
-        self.accum = c['gradient_accumulation_steps'] // world
-        self.tokens_per_iter = c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
-        torch.manual_seed(c['seed'] + rank)
-        self.data = open_data(c, self.master, ddp)
-        if self.master:
-            print_config(c)
-        self.raw_model, ckpt = build_model(c, self.data.meta, self.master)
-        if self.master and not c['eval_only']:  # with the model's resolved settings: the run's
-            write_json(os.path.join(c['out_dir'], 'config.json'),  # log and config describe it
-                       dict(c, model_args=asdict(self.raw_model.config),
-                            params=self.raw_model.get_num_params()))
-        self.raw_model.to(self.dev.device)
-        self.scaler = torch.amp.GradScaler(self.dev.type, enabled=self.dev.dtype == 'float16')
-        self.optimizer = self.raw_model.configure_optimizers(
-            c['weight_decay'], c['learning_rate'], (c['beta1'], c['beta2']), self.dev.type)
-        self.iter_num, self.best_val_loss = 0, float('inf')
-        if ckpt is not None:
-            self.restore(ckpt)
-        self.start_iter = self.iter_num
-        if self.master:
-            print(f"tokens per iteration: {self.tokens_per_iter:,} "
-                  f"({c['gradient_accumulation_steps']} x {c['batch_size']} x {c['block_size']}, "
-                  f"{world} process(es)); starting at iter {self.iter_num}")
-        self.model = torch.compile(self.raw_model) if self.dev.compile else self.raw_model
-        if ddp:
-            on_gpu = self.dev.type == 'cuda'
-            self.model = DDP(self.model,
-                             device_ids=[torch.device(self.dev.device).index] if on_gpu else None)
-        log_path = os.path.join(c['out_dir'], 'log.jsonl')
-        if self.master:
-            truncate_log(log_path, self.iter_num)
-        self.log = Logger(log_path, init_wandb(c) if self.master else None)
-        probe = min(4, c['batch_size'])
-        windows = self.data.starts('val', probe, c['data_seed'], DIAGNOSTICS_KEY)
-        self.diag_x = self.data.batch('val', windows, self.dev.device)[0]
-        self.induction_x = self.data.repeated_tokens(probe, c['data_seed'], INDUCTION_KEY)
-        self.induction_x = self.induction_x.to(self.dev.device)
-        self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.dev.device)
-        self.loss_sum = torch.zeros((), dtype=torch.float32, device=self.dev.device)
-        self.grad_norm = torch.zeros((), dtype=torch.float32, device=self.dev.device)
-        self.lr, self.signal, self.clock = None, None, None
+    def tick(self, iter_num):
+        if iter_num - self.start_iter == TIMING_WARMUP:
+            self.mark = (iter_num, time.time())
 
-    def run(self):
-        c, keep = self.c, set(self.c['keep_checkpoints'])
-        while True:
-            last = self.iter_num >= c['max_iters'] or c['eval_only']
-            if self.iter_num % c['eval_interval'] == 0 or last:
-                self.evaluate()
-            if last:
-                return
-            self.step()
-            if self.iter_num in keep:
-                self.check_finite()
-                self.save('kept', f'ckpt_{self.iter_num}.pt')
-            if self.iter_num % c['log_interval'] == 0:
-                self.log_step()
-            if self.stop_requested():
-                self.check_finite()
-                self.save('signal')
-                if self.master:
-                    print(f"stopped by a signal at iter {self.iter_num}; continue with "
-                          "--init_from=resume (or auto)")
-                return
+    def pause(self, seconds):  # an evaluation took this long: not a step's time
+        if self.mark is not None:
+            self.mark = (self.mark[0], self.mark[1] + seconds)
 
-    # -- one step --------------------------------------------------------------
-
-    def step(self):
-        """One optimizer step over the global batch of this iteration."""
-        c, batch = self.c, self.c['batch_size']
-        self.lr = lr_at(self.iter_num, c)
-        for group in self.optimizer.param_groups:
-            group['lr'] = self.lr
-        starts = self.data.starts('train', c['gradient_accumulation_steps'] * batch, c['data_seed'],
-                                  self.iter_num)
-        self.loss_sum.zero_()
-        for micro in range(self.accum):
-            m = self.rank * self.accum + micro  # this micro-batch's index in the global batch
-            x, y = self.data.batch('train', starts[m * batch:(m + 1) * batch], self.dev.device)
-            # DDP averages over ranks; dividing by the local accumulation makes the global mean
-            sync = self.model.no_sync() if self.ddp and micro < self.accum - 1 else nullcontext()
-            with sync:
-                with self.dev.ctx:
-                    _, loss = self.model(x, y)
-                self.scaler.scale(loss / self.accum).backward()
-            loss = loss.detach()
-            self.nonfinite |= ~torch.isfinite(loss)
-            self.loss_sum += loss.float()
-        if c['grad_clip'] > 0:
-            self.scaler.unscale_(self.optimizer)
-            self.grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(),
-                                                            c['grad_clip'])
-        elif self.iter_num % c['log_interval'] == c['log_interval'] - 1:  # the step logged next
-            self.scaler.unscale_(self.optimizer)
-            grads = [p.grad for p in self.raw_model.parameters() if p.grad is not None]
-            self.grad_norm = torch.nn.utils.get_total_norm(grads)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.iter_num += 1
-        if self.iter_num - self.start_iter == TIMING_WARMUP:
-            self.clock = (self.iter_num, time.time())
-
-    def step_time(self):
-        """Seconds per step since the last log, warm-up and evaluations left out; None at first."""
-        if self.clock is None or self.clock[0] == self.iter_num:
+    def step_time(self, iter_num):
+        if self.mark is None or self.mark[0] == iter_num:
             return None
         now = time.time()
-        dt = (now - self.clock[1]) / (self.iter_num - self.clock[0])
-        self.clock = (self.iter_num, now)
+        dt = (now - self.mark[1]) / (iter_num - self.mark[0])
+        self.mark = (iter_num, now)
         return dt
 
-    def log_step(self):
+
+# -----------------------------------------------------------------------------
+# the run: what setup() makes, and the loop that changes it
+
+@dataclass
+class Run:
+    c: dict  # the settings
+    d: Dist  # this process's place in the world
+    dev: DeviceSetup  # device, dtype, autocast
+    data: Dataset
+    model: GPT  # the raw model: checkpoints, evaluation, probes
+    step_model: torch.nn.Module  # the same, compiled and/or wrapped for DDP: the training steps
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    log: Logger  # rank 0's; None elsewhere
+    probe: object  # the evaluation hook (evaluation_probe); None without diagnostics
+    iter_num: int = 0
+    best_val_loss: float = math.inf
+    signal: int = None  # set by SIGTERM or SIGINT: save at the next step and stop
+
+    @property
+    def accum(self):  # micro-steps per process
+        return self.c['gradient_accumulation_steps'] // self.d.world
+
+    @property
+    def tokens_per_iter(self):
         c = self.c
-        self.check_finite()
-        mean_loss = self.loss_sum / self.accum  # the step's global-batch mean, as after a resume
-        if self.ddp:
-            dist.all_reduce(mean_loss)
-            mean_loss /= self.world
-        loss, grad_norm, dt = mean_loss.item(), self.grad_norm.item(), self.step_time()
-        peak = device_peak_flops(self.dev.device)
-        mfu = dt and self.raw_model.estimate_mfu(self.tokens_per_iter // self.world, dt, peak,
-                                                 c['block_size'])
-        eta = dt and dt * (c['max_iters'] - self.iter_num)
-        if not self.master:
+        return c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
+
+
+def setup(c, d):
+    """The run: data, model (from scratch, a checkpoint or GPT-2), optimizer, log."""
+    check_settings(c, d.world)
+    dev = setup_device(d.device, c['dtype'], c['compile'])
+    torch.manual_seed(c['seed'] + d.rank)
+    data = open_data(c, d.master, d.ddp)
+    if d.master:
+        print_overrides(c, DEFAULTS)
+    model, ckpt = build_model(c, data.meta, d.master)
+    config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
+    model.to(dev.device)
+    scaler = torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16')
+    optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'],
+                                           (c['beta1'], c['beta2']), dev.type)
+    step_model = torch.compile(model) if dev.compile else model
+    if d.ddp:
+        ids = [torch.device(dev.device).index] if dev.type == 'cuda' else None
+        step_model = DDP(step_model, device_ids=ids)
+    r = Run(c, d, dev, data, model, step_model, optimizer, scaler, None, None)
+    if ckpt is not None:
+        restore(r, ckpt)
+    if d.master:  # eval_only writes no config.json: that is the training run's
+        r.log = Logger(c['out_dir'], None if c['eval_only'] else config, r.iter_num,
+                       init_wandb(c))
+        r.probe = evaluation_probe(c, data, dev.device)
+        print(f"tokens per iteration: {r.tokens_per_iter:,} "
+              f"({c['gradient_accumulation_steps']} x {c['batch_size']} x {c['block_size']}, "
+              f"{d.world} process(es)); starting at iter {r.iter_num}")
+    return r
+
+
+def train_loop(r):
+    """nanoGPT's loop: the learning rate, evaluate and save, the micro-steps, clip and step,
+    log, stop. The batches of step k are drawn from (data_seed, k) alone."""
+    c, start_iter, keep = r.c, r.iter_num, set(r.c['keep_checkpoints'])
+    clock, step = Clock(start_iter), StepStats(r.dev.device)
+    while True:
+        lr = lr_at(r.iter_num, c)
+        last = r.iter_num >= c['max_iters'] or c['eval_only']
+        if r.iter_num % c['eval_interval'] == 0 or last:
+            clock.pause(evaluate(r, step, moved=r.iter_num > start_iter))
+        if last:
             return
-        timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
-        mfu_text = f", mfu {mfu * 100:.1f}%" if mfu else ""
-        print(f"iter {self.iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, "
-              f"lr {self.lr:.2e}{timing}{mfu_text}")
-        self.log(iter=self.iter_num, tokens=self.iter_num * self.tokens_per_iter, lr=self.lr,
-                 loss=loss, grad_norm=grad_norm, dt_ms=dt and dt * 1000,
-                 tokens_per_s=dt and self.tokens_per_iter / dt, mfu=mfu, eta_s=eta)
+        for group in r.optimizer.param_groups:
+            group['lr'] = lr
+        micro_steps(r, step)
+        if c['grad_clip'] > 0:
+            r.scaler.unscale_(r.optimizer)
+            step.grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), c['grad_clip'])
+        elif r.iter_num % c['log_interval'] == c['log_interval'] - 1:  # the step logged next
+            r.scaler.unscale_(r.optimizer)
+            grads = [p.grad for p in r.model.parameters() if p.grad is not None]
+            step.grad_norm = torch.nn.utils.get_total_norm(grads)
+        r.scaler.step(r.optimizer)
+        r.scaler.update()
+        r.optimizer.zero_grad(set_to_none=True)
+        r.iter_num += 1
+        clock.tick(r.iter_num)
+        if r.iter_num in keep:
+            check_finite(r, step)
+            save(r, 'kept', f'ckpt_{r.iter_num}.pt')
+        if r.iter_num % c['log_interval'] == 0:
+            log_step(r, step, lr, clock.step_time(r.iter_num))
+        if stop_requested(r):
+            check_finite(r, step)
+            save(r, 'signal')
+            if r.d.master:
+                print(f"stopped by a signal at iter {r.iter_num}; continue with "
+                      "--init_from=resume (or auto)")
+            return
 
-    # -- evaluation ------------------------------------------------------------
 
-    def evaluate(self):
-        c, t0 = self.c, time.time()
-        self.check_finite()
-        losses = self.estimate_loss()
-        entry = dict(iter=self.iter_num, tokens=self.iter_num * self.tokens_per_iter,
-                     train_loss=losses['train'], val_loss=losses['val'])
-        if self.iter_num >= c['max_iters'] or c['eval_only']:
-            entry['val_loss_full'] = self.full_val_loss()
-        if self.master and c['diagnostics']:
-            self.raw_model.eval()
-            with self.dev.ctx:
-                entry['diagnostics'] = self.raw_model.diagnostics(self.diag_x)
-                entry.update(self.raw_model.induction(self.induction_x))
-            self.raw_model.train()
-        entry['eval_s'] = time.time() - t0  # what evaluating costs: the step times leave it out
-        if self.master:
-            full = entry.get('val_loss_full')
-            full = f", full val loss {full:.4f}" if full is not None else ''
-            print(f"iter {self.iter_num}: train loss {losses['train']:.4f}, "
-                  f"val loss {losses['val']:.4f}{full}")
-            self.log(**entry)
-        if not math.isfinite(losses['val']):
-            raise UserError(f"val loss is non-finite at iter {self.iter_num}; the checkpoints in "
-                            f"{c['out_dir']} are untouched")
-        improved = losses['val'] < self.best_val_loss
-        self.best_val_loss = min(self.best_val_loss, losses['val'])
-        moved = not c['eval_only'] and self.iter_num > self.start_iter
-        if moved and (improved or c['always_save_checkpoint']):
-            self.save('eval')
-        if self.clock is not None:  # step times leave evaluations out
-            self.clock = (self.clock[0], self.clock[1] + time.time() - t0)
+class StepStats:
+    """The last step's loss sum and gradient norm, and whether any loss was non-finite: kept on
+    the device, read only at log steps (no host sync per step)."""
 
-    @torch.no_grad()
-    def estimate_loss(self):
-        """Mean loss over eval_iters batches per split, the ranks splitting them. 'fixed' windows
-        are one set for the whole run; 'fresh' ones are drawn anew at every evaluation step. Either
-        way they depend on (data_seed, step) alone: every variant is measured on identical
-        tokens."""
-        c, batch = self.c, self.c['batch_size']
-        self.model.eval()
-        out = {}
-        for split_id, split in enumerate(('train', 'val')):
-            key = (c['data_seed'], EVAL_KEY + split_id)
-            key += (self.iter_num,) if c['eval_windows'] == 'fresh' else ()
-            starts = self.data.starts(split, c['eval_iters'] * batch, *key)
-            total = torch.zeros(2, dtype=torch.float64, device=self.dev.device)
-            for i in range(self.rank, c['eval_iters'], self.world):
-                x, y = self.data.batch(split, starts[i * batch:(i + 1) * batch], self.dev.device)
-                with self.dev.ctx:
-                    _, loss = self.model(x, y)
-                total += torch.stack([loss.double(), torch.ones_like(total[0])])
-            if self.ddp:
-                dist.all_reduce(total)
-            out[split] = (total[0] / total[1]).item()
-        self.model.train()
-        return out
+    def __init__(self, device):
+        self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+        self.grad_norm = torch.zeros((), dtype=torch.float32, device=device)
 
-    @torch.no_grad()
-    def full_val_loss(self):
-        """The mean loss over every token of the val split once, in order (common.Dataset.tiling):
-        no sampling noise, and the same tokens for every run, seed and world size. The number a
-        verdict between variants uses; computed at the final evaluation only."""
-        self.raw_model.eval()
-        total = torch.zeros(2, dtype=torch.float64, device=self.dev.device)
-        batches = self.data.tiling('val', self.c['batch_size'])
-        for starts, length in batches[self.rank::self.world]:
-            x, y = self.data.batch('val', starts, self.dev.device, length)
-            with self.dev.ctx:
-                _, loss = self.raw_model(x, y)
-            count = torch.tensor(float(y.numel()), device=total.device)
-            total += torch.stack([loss.double() * y.numel(), count])
-        if self.ddp:
+
+def micro_steps(r, step):
+    """Forward and backward over this process's share of the step's global batch."""
+    c, batch = r.c, r.c['batch_size']
+    starts = r.data.starts('train', c['gradient_accumulation_steps'] * batch, c['data_seed'],
+                           r.iter_num)
+    step.loss_sum.zero_()
+    for micro in range(r.accum):
+        m = r.d.rank * r.accum + micro  # this micro-batch's index in the global batch
+        x, y = r.data.batch('train', starts[m * batch:(m + 1) * batch], r.dev.device)
+        # DDP averages over ranks; dividing by the local accumulation makes the global mean
+        last = micro == r.accum - 1
+        with r.step_model.no_sync() if r.d.ddp and not last else nullcontext():
+            with r.dev.ctx:
+                _, loss = r.step_model(x, y)
+            r.scaler.scale(loss / r.accum).backward()
+        loss = loss.detach()
+        step.nonfinite |= ~torch.isfinite(loss)
+        step.loss_sum += loss.float()
+
+
+def log_step(r, step, lr, dt):
+    c = r.c
+    check_finite(r, step)
+    mean_loss = step.loss_sum / r.accum  # the step's global-batch mean, as after a resume
+    if r.d.ddp:
+        dist.all_reduce(mean_loss)
+        mean_loss /= r.d.world
+    loss, grad_norm = mean_loss.item(), step.grad_norm.item()
+    peak = device_peak_flops(r.dev.device)
+    mfu = dt and r.model.estimate_mfu(r.tokens_per_iter // r.d.world, dt, peak, c['block_size'])
+    eta = dt and dt * (c['max_iters'] - r.iter_num)
+    if not r.d.master:
+        return
+    timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
+    mfu_text = f", mfu {mfu * 100:.1f}%" if mfu else ""
+    print(f"iter {r.iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}{timing}"
+          f"{mfu_text}")
+    r.log(iter=r.iter_num, tokens=r.iter_num * r.tokens_per_iter, lr=lr, loss=loss,
+          grad_norm=grad_norm, dt_ms=dt and dt * 1000, tokens_per_s=dt and r.tokens_per_iter / dt,
+          mfu=mfu, eta_s=eta)
+
+
+# -----------------------------------------------------------------------------
+# evaluation
+
+def evaluate(r, step, moved):
+    """The losses on both splits (and the full val loss at the end), the probes, the log line,
+    then a checkpoint; the seconds it took (the step times leave them out)."""
+    c, t0 = r.c, time.time()
+    check_finite(r, step)
+    losses = estimate_loss(r)
+    entry = dict(iter=r.iter_num, tokens=r.iter_num * r.tokens_per_iter,
+                 train_loss=losses['train'], val_loss=losses['val'])
+    if r.iter_num >= c['max_iters'] or c['eval_only']:
+        entry['val_loss_full'] = full_val_loss(r)
+    if r.probe is not None:
+        r.model.eval()
+        with r.dev.ctx:
+            entry.update(r.probe(r.model))
+        r.model.train()
+    entry['eval_s'] = time.time() - t0  # what evaluating costs
+    if r.d.master:
+        full = entry.get('val_loss_full')
+        full = f", full val loss {full:.4f}" if full is not None else ''
+        print(f"iter {r.iter_num}: train loss {losses['train']:.4f}, "
+              f"val loss {losses['val']:.4f}{full}")
+        r.log(**entry)
+    if not math.isfinite(losses['val']):
+        raise UserError(f"val loss is non-finite at iter {r.iter_num}; the checkpoints in "
+                        f"{c['out_dir']} are untouched")
+    improved = losses['val'] < r.best_val_loss
+    r.best_val_loss = min(r.best_val_loss, losses['val'])
+    if moved and not c['eval_only'] and (improved or c['always_save_checkpoint']):
+        save(r, 'eval')
+    return time.time() - t0
+
+
+@torch.no_grad()
+def estimate_loss(r):
+    """Mean loss over eval_iters batches per split, the ranks splitting them. 'fixed' windows are
+    one set for the whole run; 'fresh' ones are drawn anew at every evaluation step. Either way
+    they depend on (data_seed, step) alone: every variant is measured on identical tokens."""
+    c, batch, out = r.c, r.c['batch_size'], {}
+    r.step_model.eval()
+    for split_id, split in enumerate(('train', 'val')):
+        key = (c['data_seed'], EVAL_KEY + split_id)
+        key += (r.iter_num,) if c['eval_windows'] == 'fresh' else ()
+        starts = r.data.starts(split, c['eval_iters'] * batch, *key)
+        total = torch.zeros(2, dtype=torch.float64, device=r.dev.device)
+        for i in range(r.d.rank, c['eval_iters'], r.d.world):
+            x, y = r.data.batch(split, starts[i * batch:(i + 1) * batch], r.dev.device)
+            with r.dev.ctx:
+                _, loss = r.step_model(x, y)
+            total += torch.stack([loss.double(), torch.ones_like(total[0])])
+        if r.d.ddp:
             dist.all_reduce(total)
-        self.raw_model.train()
-        return (total[0] / total[1]).item()
+        out[split] = (total[0] / total[1]).item()
+    r.step_model.train()
+    return out
 
-    # -- checkpoints -----------------------------------------------------------
 
-    def save(self, reason, name='ckpt.pt'):
-        """Write a checkpoint atomically from rank 0. The ranks agree on failure first, so a save
-        that fails on rank 0 ends every rank with its message instead of a hang."""
-        states = rng_state(self.dev.device, self.ddp)  # a collective: every rank takes part
-        path = os.path.join(self.c['out_dir'], name)
-        error = self.write_checkpoint(states, path) if self.master else None
-        if self.any_rank(error is not None):
-            raise UserError(error or f"rank 0 could not save {path} at iter {self.iter_num} "
-                                     "(see its error)")
-        if self.master:
-            print(f"saved {path} at iter {self.iter_num} ({reason})")
+@torch.no_grad()
+def full_val_loss(r):
+    """The mean loss over every token of the val split once, in order (common.Dataset.tiling):
+    no sampling noise, and the same tokens for every run, seed and world size. The number a
+    verdict between variants uses; computed at the final evaluation only."""
+    r.model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=r.dev.device)
+    for starts, length in r.data.tiling('val', r.c['batch_size'])[r.d.rank::r.d.world]:
+        x, y = r.data.batch('val', starts, r.dev.device, length)
+        with r.dev.ctx:
+            _, loss = r.model(x, y)
+        count = torch.tensor(float(y.numel()), device=total.device)
+        total += torch.stack([loss.double() * y.numel(), count])
+    if r.d.ddp:
+        dist.all_reduce(total)
+    r.model.train()
+    return (total[0] / total[1]).item()
 
-    def write_checkpoint(self, states, path):
-        """None once written, else why not; the file at path stays as it was either way."""
-        if not params_finite(self.raw_model):
-            return (f"parameters are non-finite at iter {self.iter_num}; not saving, {path} is "
-                    "untouched")
-        c = self.c
-        try:
-            save_checkpoint(dict(
-                model=self.raw_model.state_dict(), optimizer=self.optimizer.state_dict(),
-                model_args=asdict(self.raw_model.config), iter_num=self.iter_num,
-                best_val_loss=self.best_val_loss, config=c, meta=self.data.meta, rng=states,
-                tokens_seen=self.iter_num * self.tokens_per_iter,
-                scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None), path)
-        except OSError as e:
-            return f"cannot write {path} ({e.strerror or e}); the previous file there is untouched"
-        return None
 
-    def restore(self, ckpt):
-        if 'optimizer' in ckpt:
-            self.optimizer.load_state_dict(ckpt['optimizer'])
-        elif self.master:
-            print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a "
-                  "fresh AdamW")
-        if ckpt.get('scaler'):
-            self.scaler.load_state_dict(ckpt['scaler'])
-        self.iter_num, self.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
-        set_rng_state(ckpt.get('rng', []), self.rank, self.dev.device)
+# -----------------------------------------------------------------------------
+# checkpoints, and what every rank must agree on
 
-    # -- across ranks: failures and signals ------------------------------------
+def save(r, reason, name='ckpt.pt'):
+    """Write a checkpoint atomically from rank 0. The ranks agree on failure first, so a save that
+    fails on rank 0 ends every rank with its message instead of a hang."""
+    states = rng_state(r.dev.device, r.d.ddp)  # a collective: every rank takes part
+    path = os.path.join(r.c['out_dir'], name)
+    error = write_checkpoint(r, states, path) if r.d.master else None
+    if any_rank(r, error is not None):
+        raise UserError(error or f"rank 0 could not save {path} at iter {r.iter_num} "
+                                 "(see its error)")
+    if r.d.master:
+        print(f"saved {path} at iter {r.iter_num} ({reason})")
 
-    def any_rank(self, flag):
-        """True when flag is set on any rank: every rank takes the same branch, so none is left
-        waiting in a collective the others never reach. Outside DDP, no sync for a Python bool."""
-        if not self.ddp:
-            return bool(flag)
-        t = flag.float().reshape(1) if torch.is_tensor(flag) else \
-            torch.tensor([float(flag)], device=self.dev.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item() > 0
 
-    def check_finite(self):
-        if self.any_rank(self.nonfinite):
-            raise UserError(f"the loss became non-finite by iter {self.iter_num}; the last good "
-                            f"checkpoint in {self.c['out_dir']} is untouched: lower learning_rate, "
-                            "use dtype=bfloat16, or resume from it")
+def write_checkpoint(r, states, path):
+    """None once written, else why not; the file at path stays as it was either way."""
+    if not params_finite(r.model):
+        return (f"parameters are non-finite at iter {r.iter_num}; not saving, {path} is "
+                "untouched")
+    try:
+        save_checkpoint(dict(
+            model=r.model.state_dict(), optimizer=r.optimizer.state_dict(),
+            model_args=asdict(r.model.config), iter_num=r.iter_num,
+            best_val_loss=r.best_val_loss, config=r.c, meta=r.data.meta, rng=states,
+            tokens_seen=r.iter_num * r.tokens_per_iter,
+            scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None), path)
+    except OSError as e:
+        return f"cannot write {path} ({e.strerror or e}); the previous file there is untouched"
+    return None
 
-    def on_signal(self, signum, frame):  # cluster preemption: finish the step, save, exit
-        self.signal = signum
 
-    def stop_requested(self):
-        """A signal arrived on any rank. Under DDP that is one all-reduce, so it is asked only
-        at log steps: still well inside torchrun's grace period, and no per-step host sync."""
-        if not self.ddp:
-            return self.signal is not None
-        at_log_step = self.iter_num % self.c['log_interval'] == 0
-        return at_log_step and self.any_rank(self.signal is not None)
+def restore(r, ckpt):
+    if 'optimizer' in ckpt:
+        r.optimizer.load_state_dict(ckpt['optimizer'])
+    elif r.d.master:
+        print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a "
+              "fresh AdamW")
+    if ckpt.get('scaler'):
+        r.scaler.load_state_dict(ckpt['scaler'])
+    r.iter_num, r.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
+    set_rng_state(ckpt.get('rng', []), r.d.rank, r.dev.device)
 
+
+def any_rank(r, flag):
+    """True when flag is set on any rank: every rank takes the same branch, so none is left
+    waiting in a collective the others never reach. Outside DDP, no sync for a Python bool."""
+    if not r.d.ddp:
+        return bool(flag)
+    t = flag.float().reshape(1) if torch.is_tensor(flag) else \
+        torch.tensor([float(flag)], device=r.dev.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item() > 0
+
+
+def check_finite(r, step):
+    if any_rank(r, step.nonfinite):
+        raise UserError(f"the loss became non-finite by iter {r.iter_num}; the last good "
+                        f"checkpoint in {r.c['out_dir']} is untouched: lower learning_rate, "
+                        "use dtype=bfloat16, or resume from it")
+
+
+def stop_requested(r):
+    """A signal arrived on any rank. Under DDP that is one all-reduce, so it is asked only at log
+    steps: still well inside torchrun's grace period, and no per-step host sync."""
+    if not r.d.ddp:
+        return r.signal is not None
+    at_log_step = r.iter_num % r.c['log_interval'] == 0
+    return at_log_step and any_rank(r, r.signal is not None)
+
+
+# -----------------------------------------------------------------------------
+# the script
 
 def train(c):
-    ddp, rank, world, device = setup_distributed(c)
-    lock = lock_out_dir(c['out_dir']) if rank == 0 else None
-    handlers = {}
+    """One run, from the settings to its last checkpoint: returns the Run."""
+    d = setup_distributed(c)
+    lock = OutDirLock(c['out_dir']) if d.master else None
+    handlers, r, t0 = {}, None, time.time()
     try:
         # after the lock: the checkpoint cannot change under it
-        c = dict(c, init_from=resolve_init(c, rank == 0))
-        trainer = Trainer(c, ddp, rank, world, device)
-        handlers = {s: signal.signal(s, trainer.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        trainer.run()
-        if ddp:
+        c = dict(c, init_from=resolve_init(c, d.master))
+        r = setup(c, d)
+        handlers = {s: signal.signal(s, lambda signum, frame: setattr(r, 'signal', signum))
+                    for s in (signal.SIGTERM, signal.SIGINT)}
+        train_loop(r)
+        if d.master and not c['eval_only'] and r.signal is None:
+            print(f"finished at iter {r.iter_num} in {format_eta(time.time() - t0)}; sample "
+                  f"from it: python sample.py --out_dir={c['out_dir']}")
+        if d.ddp:
             # Free the DDP wrapper (its reducer holds gloo work) while the group is alive, and let
             # rank 0 finish writing: either torn down late aborts the process (SIGABRT) at exit.
-            del trainer
+            r.step_model = None
             gc.collect()
             dist.barrier()
+        return r
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
-        if ddp:
+        if d.ddp:
             dist.destroy_process_group()
         if lock is not None:
-            lock.close()
+            lock.release(started=r is not None and r.log is not None and r.log.started)
 
 
 def settings(argv=None):
     """The run's config from defaults, config files and --key=value, with `query` the one query
     setting."""
-    c = parse_config(DEFAULTS, argv, described_in=(__file__, model.__file__))
+    c = parse_config(DEFAULTS, argv, described_in=(__file__, model.__file__), types=TYPES)
     if c.pop('query_identity'):
         with model_errors('config'):
             c['query'] = upgrade_query({'query': c['query'], 'query_identity': True})['query']

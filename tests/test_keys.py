@@ -1,0 +1,156 @@
+"""Every key of train.py, sample.py and prepare.py has a type: a value of the wrong type is one
+line on stderr, exit code 2, no traceback, and nothing written; and a run that fails before it
+starts leaves its out_dir as it found it."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import common
+import prepare
+import sample
+import train
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+SCRIPTS = {'train': train, 'sample': sample, 'prepare': prepare}
+
+
+def wrong_value(key, script):
+    """A value of the wrong type for key: a word for a number, a number for a word, a misspelled
+    choice, a word that is not a bool."""
+    kind = common.kind_of(key, script.DEFAULTS, getattr(script, 'TYPES', {}))
+    if kind.choices:
+        return kind.choices[0] + 'x'
+    if kind.kind == 'device':
+        return 'gpu'
+    if kind.kind is bool:
+        return 'maybe'
+    if kind.kind is str:
+        return '5'
+    return 'abc'  # int, float, tuple
+
+
+def run(script, argv, capsys):
+    """script's main under run_main, as its command line runs it: (exit code, stderr)."""
+    with pytest.raises(SystemExit) as stop:
+        common.run_main(lambda: script.main(argv))
+    return stop.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize('name,key', [(name, key) for name, script in SCRIPTS.items()
+                                      for key in script.DEFAULTS])
+def test_a_wrong_type_is_one_line_exit_2_and_writes_nothing(name, key, tmp_path, capsys):
+    script, out = SCRIPTS[name], tmp_path / 'out'
+    where = dict(train='out_dir', sample='out_dir', prepare='data_root')[name]
+    argv = [f'--{where}={out}', f'--{key}={wrong_value(key, script)}']
+    code, err = run(script, argv, capsys)
+    assert code == 2 and err.count('\n') == 1 and err.startswith(f'error: --{key}='), err
+    assert 'Traceback' not in err and f' {key} must be' in err
+    assert not out.exists() and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('value,expected', [('false', False), ('False', False), ('true', True),
+                                            ('True', True)])
+def test_a_bool_takes_true_and_false_in_either_case(value, expected):
+    assert train.settings([f'--compile={value}'])['compile'] is expected
+    assert train.settings([f'--overwrite={value}'])['overwrite'] is expected
+
+
+def test_none_unsets_only_a_key_that_can_be_unset():
+    assert train.settings(['--compile=None'])['compile'] is None
+    with pytest.raises(common.UserError, match="overwrite must be bool, got None"):
+        train.settings(['--overwrite=None'])
+
+
+def test_compile_false_never_compiles(monkeypatch, data_root, tmp_path):
+    monkeypatch.setattr(torch, 'compile', lambda *a, **kw: pytest.fail('compiled'))
+    r = train.main(['--dataset=tiny', f'--data_root={data_root}', f'--out_dir={tmp_path}/r',
+                    '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32',
+                    '--batch_size=2', '--gradient_accumulation_steps=1', '--max_iters=2',
+                    '--eval_interval=2', '--eval_iters=1', '--device=cpu', '--compile=false'])
+    assert r.dev.compile is False and r.c['compile'] is False
+
+
+@pytest.mark.parametrize('script', [train, sample])
+@pytest.mark.parametrize('device,message', [
+    ('gpu', 'device must be cpu, cuda, cuda:N or mps'),
+    ('cuda', 'this torch has no CUDA device')])
+def test_a_device_this_torch_lacks_is_one_line(script, device, message, tmp_path, capsys,
+                                               monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)  # as on a CPU-only torch
+    code, err = run(script, [f'--out_dir={tmp_path}/out', f'--device={device}'], capsys)
+    assert code == 2 and err.count('\n') == 1 and message in err, err
+    assert not (tmp_path / 'out').exists()
+
+
+def test_help_says_what_each_key_takes():
+    import model
+    text = common.help_text(train.DEFAULTS, (train.__file__, model.__file__), train.TYPES)
+    for key, kind in (('compile', 'bool|None'), ('device', 'device|None'),
+                      ('eval_windows', 'fixed|fresh'), ('attn_scale', 'float|None'),
+                      ('mlp_hidden', 'int|None'), ('dtype', 'float32|bfloat16|float16|None')):
+        line = next(l for l in text.splitlines() if l.startswith(f'  --{key}='))
+        assert f' {kind} ' in line, line
+    assert 'A bool takes True or False (or true, false)' in text
+
+
+def test_a_run_that_fails_before_it_starts_leaves_nothing(data_root, tmp_path, capsys):
+    tiny = ['--dataset=tiny', f'--data_root={data_root}', '--n_layer=1', '--n_embd=32',
+            '--block_size=32', '--batch_size=2', '--gradient_accumulation_steps=1',
+            '--max_iters=2', '--eval_interval=2', '--eval_iters=1', '--device=cpu']
+    bad = '--n_head=3'  # 32 is not divisible by 3: the model cannot be made, after the lock
+    code, err = run(train, tiny + [f'--out_dir={tmp_path}/new', bad], capsys)
+    assert code == 2 and 'n_embd (32) must be divisible by n_head (3)' in err
+    assert not (tmp_path / 'new').exists()
+    kept = tmp_path / 'kept'
+    kept.mkdir()
+    (kept / 'notes.txt').write_text('mine')
+    code, err = run(train, tiny + [f'--out_dir={kept}', bad], capsys)
+    assert code == 2 and sorted(os.listdir(kept)) == ['notes.txt']
+    # a run that starts writes its config, log and lock as before
+    train.main(tiny + [f'--out_dir={tmp_path}/ok', '--n_head=2'])
+    assert {'config.json', 'log.jsonl', 'ckpt.pt', '.lock'} <= set(os.listdir(tmp_path / 'ok'))
+
+
+def test_a_resume_that_fails_before_it_starts_keeps_the_runs_files(data_root, tmp_path, capsys):
+    tiny = ['--dataset=tiny', f'--data_root={data_root}', '--n_layer=1', '--n_embd=32',
+            '--n_head=2', '--block_size=32', '--batch_size=2', '--gradient_accumulation_steps=1',
+            '--eval_interval=2', '--device=cpu', f'--out_dir={tmp_path}/run']
+    train.main(tiny + ['--max_iters=2', '--eval_iters=1'])
+    before = {f: (tmp_path / 'run' / f).read_bytes()
+              for f in ('config.json', 'log.jsonl', 'ckpt.pt', '.lock')}
+    # refused after the lock and the checkpoint's reading: nothing the run wrote changes
+    code, err = run(train, tiny + ['--max_iters=4', '--init_from=resume', '--eval_iters=0'],
+                    capsys)
+    assert code == 2 and 'eval_iters must be positive' in err
+    assert {f: (tmp_path / 'run' / f).read_bytes() for f in before} == before
+
+
+def test_train_prints_only_what_differs_from_its_defaults_and_how_to_sample(data_root, tmp_path,
+                                                                           capsys):
+    train.main(['--dataset=tiny', f'--data_root={data_root}', f'--out_dir={tmp_path}/r',
+                '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=2',
+                '--gradient_accumulation_steps=1', '--max_iters=2', '--eval_interval=2',
+                '--eval_iters=1', '--device=cpu'])
+    out = capsys.readouterr().out
+    listed = [line.split('=')[0].strip() for line in out.split('\n\n')[0].splitlines()
+              if line.startswith('  ') and ' = ' in line]
+    assert 'n_layer' in listed and 'learning_rate' not in listed and 'beta1' not in listed
+    assert f'sample from it: python sample.py --out_dir={tmp_path}/r' in out
+    assert 'finished at iter 2 in ' in out
+
+
+@pytest.mark.slow
+def test_a_wrong_type_on_the_command_line_is_one_line_and_no_traceback(tmp_path):
+    calls = [['train.py', '--attn_scale=abc'], ['train.py', '--vocab_size=1e3'],
+             ['sample.py', '--top_p=high'], ['prepare.py', '--tokenizer=bytes']]
+    procs = [subprocess.Popen([sys.executable, *argv, f'--out_dir={tmp_path}/o'] if 'prepare'
+                              not in argv[0] else [sys.executable, *argv], cwd=HERE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for argv in calls]
+    for argv, proc in zip(calls, procs):
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and err.count('\n') == 1 and 'Traceback' not in err, err
+    assert "did you mean 'byte'" in err  # --tokenizer=bytes: one of byte, gpt2

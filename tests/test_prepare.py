@@ -1,0 +1,205 @@
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import prepare
+from common import UserError, get_tokenizer
+
+DOCS = [f"Document {i}: the quick brown fox, café ünïcode ✓ {'word ' * (i % 7)}<|endoftext|> "
+        "stays text." for i in range(40)]
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+
+
+def write_jsonl(path, docs, column='text'):
+    with open(path, 'w') as f:
+        for d in docs:
+            f.write(json.dumps({column: d, 'other': 1}) + '\n')
+    return str(path)
+
+
+def run(tmp_path, **kw):
+    cfg = dict(prepare.DEFAULTS, data_root=str(tmp_path / 'data'), num_proc=1)
+    cfg.update(kw)
+    return prepare.prepare(cfg)
+
+
+def read_docs(out_dir, split, tok):
+    meta = json.load(open(os.path.join(out_dir, 'meta.json')))
+    ids = np.fromfile(os.path.join(out_dir, f'{split}.bin'), dtype=meta['dtype'])
+    assert ids[-1] == tok.eot
+    cuts = np.flatnonzero(ids == tok.eot)
+    return [tok.decode_bytes(ids[a + 1 if a >= 0 else 0:b].tolist()).decode()
+            for a, b in zip(np.r_[-1, cuts[:-1]], cuts)]
+
+
+@pytest.mark.parametrize('tokenizer', ['byte', 'gpt2'])
+def test_bins_decode_to_source_documents(tmp_path, tokenizer):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    meta = run(tmp_path, dataset=src, tokenizer=tokenizer, val_size=0.1)
+    out = tmp_path / 'data' / 'docs'
+    tok = get_tokenizer(tokenizer)
+    train, val = read_docs(out, 'train', tok), read_docs(out, 'val', tok)
+    assert sorted(train + val) == sorted(DOCS) and len(val) == 4
+    assert meta['vocab_size'] == tok.vocab_size and meta['tokenizer'] == tokenizer
+    on_disk = json.load(open(out / 'meta.json'))
+    for s in ('train', 'val'):
+        n = os.path.getsize(out / f'{s}.bin') // np.dtype(on_disk['dtype']).itemsize
+        assert on_disk[f'{s}_tokens'] == n
+    # the BPE, not bytes: '<|endoftext|>' in text is ordinary text, never token 50256
+    if tokenizer == 'gpt2':
+        ids = np.fromfile(out / 'train.bin', dtype=np.uint16)
+        assert (ids == 50256).sum() == len(train)
+        assert len(ids) < 0.5 * sum(len(d.encode()) for d in train)
+
+
+def test_val_split_is_deterministic_and_follows_the_seed(tmp_path):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    run(tmp_path, dataset=src, out_name='a', val_size=0.2)
+    run(tmp_path, dataset=src, out_name='b', val_size=0.2)
+    run(tmp_path, dataset=src, out_name='c', val_size=0.2, seed=1)
+    read = lambda n: (tmp_path / 'data' / n / 'val.bin').read_bytes()
+    assert read('a') == read('b') and read('a') != read('c')
+
+
+def test_num_proc_does_not_change_the_bins(tmp_path):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS * 5)
+    run(tmp_path, dataset=src, out_name='one', num_proc=1)
+    run(tmp_path, dataset=src, out_name='two', num_proc=2)
+    for s in ('train.bin', 'val.bin'):
+        data = tmp_path / 'data'
+        assert (data / 'one' / s).read_bytes() == (data / 'two' / s).read_bytes()
+
+
+def test_rerun_is_a_noop_unless_forced(tmp_path, capsys):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    run(tmp_path, dataset=src)
+    stamp = os.path.getmtime(tmp_path / 'data' / 'docs' / 'train.bin')
+    run(tmp_path, dataset=src)
+    assert 'up to date' in capsys.readouterr().out
+    assert os.path.getmtime(tmp_path / 'data' / 'docs' / 'train.bin') == stamp
+    run(tmp_path, dataset=src, force=True)
+    assert 'wrote' in capsys.readouterr().out
+
+
+def test_failed_run_leaves_nothing_finished_looking(tmp_path, monkeypatch):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    out = tmp_path / 'data' / 'docs'
+    calls = []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:  # val.bin fails after train.bin's temporary file is complete
+            raise OSError('disk full')
+        return real(*a, **k)
+    real = prepare.write_bin
+    monkeypatch.setattr(prepare, 'write_bin', failing)
+    with pytest.raises(OSError):
+        run(tmp_path, dataset=src)
+    assert sorted(os.listdir(out)) == []  # no bin, no .tmp, no meta.json
+    # a finished run survives a failing forced re-run untouched
+    monkeypatch.setattr(prepare, 'write_bin', real)
+    run(tmp_path, dataset=src)
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    calls.clear()
+    monkeypatch.setattr(prepare, 'write_bin', failing)
+    with pytest.raises(OSError):
+        run(tmp_path, dataset=src, force=True, seed=5)
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+
+
+def test_openwebtext_path_on_local_files_with_its_schema(tmp_path):
+    """The hub is unreachable here: the same code path, fed a local parquet copy with OpenWebText's
+    schema."""
+    import datasets
+    folder = tmp_path / 'owt'
+    folder.mkdir()
+    datasets.Dataset.from_dict({'text': DOCS * 60}).to_parquet(str(folder / 'train-00000.parquet'))
+    meta = run(tmp_path, hub_id=str(folder), tokenizer='byte')
+    # nanoGPT's split, ceil'd
+    assert meta['settings']['val_size'] == 0.0005 and meta['val_documents'] == 2
+    assert meta['train_documents'] == 2398
+    assert (tmp_path / 'data' / 'openwebtext' / 'train.bin').exists()
+
+
+@pytest.mark.slow
+def test_pydocs_is_deterministic_english_over_a_megabyte():
+    docs = prepare.pydocs_documents()
+    # made again from scratch, not the cached copy
+    assert docs == prepare.pydocs_documents.__wrapped__()
+    topics = prepare.pydocs_topics()  # the corpus's first documents, the tests' small datasets
+    assert len(topics) > 60 and list(docs[:len(topics)]) == topics
+    text = ''.join(docs)
+    assert len(text.encode()) > 1_000_000 and text.count(' the ') > 10_000
+
+
+@pytest.mark.slow
+def test_pysource_is_the_standard_library_source_one_module_a_document():
+    docs = prepare.pysource_documents()
+    assert docs == prepare.pysource_documents.__wrapped__()
+    heads = [d.split('\n', 1)[0] for d in docs]
+    assert heads == sorted(heads) and '# os.py' in heads and not any('/test/' in h for h in heads)
+    import os
+    import sysconfig
+    with open(os.path.join(sysconfig.get_paths()['stdlib'], 'os.py'), encoding='utf-8') as f:
+        assert docs[heads.index('# os.py')] == '# os.py\n' + f.read()
+    size = lambda documents: sum(len(d.encode()) for d in documents)
+    assert size(docs) > 4 * size(prepare.pydocs_documents())
+    assert prepare.resolve(dict(prepare.DEFAULTS, dataset='pysource'))['tokenizer'] == 'byte'
+
+
+def test_text_files_are_one_document_each(tmp_path):
+    folder = tmp_path / 'texts'
+    folder.mkdir()
+    for i in range(5):
+        (folder / f'{i}.txt').write_text(f"line one of {i}\nline two\n")
+    run(tmp_path, dataset=str(folder), val_size=0.2)
+    tok = get_tokenizer('gpt2')  # the default for anything but the embedded corpus
+    out = tmp_path / 'data' / 'texts'
+    docs = read_docs(out, 'train', tok) + read_docs(out, 'val', tok)
+    assert sorted(docs) == sorted(f"line one of {i}\nline two\n" for i in range(5))
+
+
+@pytest.mark.parametrize('kw,message', [
+    (dict(dataset='missing/file.jsonl'), 'no such file'),
+    (dict(text_column='body'), "no column 'body'"),
+    (dict(tokenizer='sentencepiece'), "unknown tokenizer 'sentencepiece'"),
+    (dict(tokenizer='gpt2', dtype='uint8'), 'does not fit uint8'),
+    (dict(val_size=1.5), 'val_size must be a fraction'),
+    (dict(dataset='nobody/no-such-dataset-kvgpt'), 'pass local files instead'),
+    (dict(dataset='EMPTY'), 'is empty'),
+])
+def test_bad_input_is_one_clear_error(tmp_path, kw, message):
+    if kw.get('dataset') == 'EMPTY':
+        kw['dataset'] = write_jsonl(tmp_path / 'empty.jsonl', ['', ''])
+    kw.setdefault('dataset', write_jsonl(tmp_path / 'docs.jsonl', DOCS))
+    with pytest.raises(UserError, match=message):
+        run(tmp_path, **kw)
+    written = [f for _, _, fs in os.walk(tmp_path / 'data') for f in fs]
+    assert not any(f.endswith('.bin') for f in written)
+
+
+@pytest.mark.slow
+def test_cli_error_is_one_line_without_traceback(tmp_path):
+    r = subprocess.run([sys.executable, 'prepare.py', f'--dataset={tmp_path}/nope.txt',
+                        f'--data_root={tmp_path}'], capture_output=True, text=True, cwd=HERE)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"error: no such file or folder: {tmp_path}/nope.txt"]
+    r = subprocess.run([sys.executable, 'prepare.py', '--nmu_proc=2'], capture_output=True,
+                       text=True, cwd=HERE)
+    assert r.returncode == 2
+    assert "unknown config key 'nmu_proc' (did you mean 'num_proc'?)" in r.stderr
+
+
+def test_hub_dataset_with_a_loading_script_says_what_to_do(tmp_path, monkeypatch):
+    import datasets
+
+    def script_only(*a, **k):  # what datasets >= 4 raises for a script-based hub repository
+        raise RuntimeError('Dataset scripts are no longer supported, but found openwebtext.py')
+    monkeypatch.setattr(datasets, 'load_dataset', script_only)
+    with pytest.raises(UserError,
+                       match=r"'Skylion007/openwebtext' is loaded by a dataset script.*--hub_id"):
+        run(tmp_path)
