@@ -17,7 +17,9 @@ from lab.tables import Context
 TABLES = dict(tuning=tables.tuning_table, stability=tables.stability_table,
               verdicts=tables.verdicts_table, trajectory=tables.trajectory_table,
               budget_gap=tables.budget_gap_table, induction=tables.induction_table,
-              dtype=tables.dtype_table, claims=tables.claims_table, **tables_v2.TABLES)
+              dtype=tables.dtype_table, claims=tables.claims_table, rerun=tables.rerun_table,
+              lag=tables.lag_table, seed_lags=tables.seed_lag_table, logits=tables.logits_table,
+              budgets=tables.budgets_table, climb=tables.climb_table, **tables_v2.TABLES)
 BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
 
 
@@ -67,6 +69,6 @@ def write_report(s, root):
         raise UserError(f"{s.docs} has no block for {', '.join(missing)}: add "
                         f"'<!-- generated: {missing[0]} -->' and '<!-- end -->' where it goes")
     write_text(s.docs, fill(text, made))
-    print(f"wrote {len(made)} blocks of {s.name} into {s.docs}")
+    print(f"wrote {len(made)} block{'' if len(made) == 1 else 's'} of {s.name} into {s.docs}")
     write_figures(s, root, os.path.join(os.path.dirname(s.docs), 'assets'))
     return made

@@ -5,7 +5,7 @@ runs are committed. Colours are the variants' own (lab/report.py's variant_color
 """
 import math
 
-from lab import report, stats, tables
+from lab import plan as S, report, stats, tables
 from lab.tables_v2 import geometry_gaps, seed_slopes
 
 
@@ -126,6 +126,103 @@ def induction_figure(ctx, path, arms, seeds, threshold):
     return True
 
 
+def lag_figure(ctx, path, comparisons, levels):
+    """The step lag against the loss level, one line per comparison (mean, 95% interval)."""
+    drawn = [(c, tables.seed_lags(ctx, c, levels)) for c in comparisons]
+    drawn = [(c, lags) for c, lags in drawn if lags and len(next(iter(lags.values())))
+             == len(c['seeds'])]
+    if not drawn:
+        return None
+    fig, ax = report.pyplot().subplots(figsize=(7.5, 4.8))
+    for i, (c, lags) in enumerate(drawn):
+        shown = [lv for lv in levels if lv in lags]
+        found = [stats.interval95(list(lags[lv].values())) for lv in shown]
+        color = report.variant_color(c['arm'], i)
+        ax.plot(shown, [m for m, _, _ in found], marker='o', ms=3, color=color,
+                label=f"{c['label']} {c['arm']} − {c['ref']}")
+        ax.fill_between(shown, [lo for _, lo, _ in found], [hi for _, _, hi in found],
+                        color=color, alpha=0.12)
+    ax.axhline(0, color='black', lw=0.8, label='no lag')
+    ax.set(xlabel='fixed-window val loss reached (falls to the right)', ylabel='steps later',
+           title='the step lag at each loss (mean over paired seeds, 95% interval)')
+    ax.invert_xaxis()
+    ax.legend(fontsize=7)
+    report.save_figure(fig, path)
+    return True
+
+
+def logits_figure(ctx, path, arms, seeds, lag):
+    """Each arm's first-layer attention-logit std and normalised entropy against the step (means
+    over its seeds), and beside them the step lag of each comparison in `lag`."""
+    done = [a for a in arms if len(ctx.done(a, seeds)) == len(seeds)]
+    if not done:
+        return None
+    fig, axes = report.pyplot().subplots(1, 3, figsize=(15, 4.6))
+    for i, arm in enumerate(done):
+        steps = sorted(e['iter'] for e in ctx.log(ctx.done(arm, seeds)[0]) if 'diagnostics' in e)
+        color = report.variant_color(arm, i)
+        for ax, key in zip(axes, ('logit_std', 'entropy_norm')):
+            ax.plot(steps, [tables.diag_mean(ctx, arm, seeds, k, key, 0) for k in steps],
+                    color=color, label=arm)
+    for ax, title in zip(axes, ('layer 0: attention-logit std (after the scale)',
+                                'layer 0: attention entropy / ln t')):
+        ax.set(xlabel='step', title=title)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    lag_panel(ctx, axes[2], lag['comparisons'], lag['levels'])
+    report.save_figure(fig, path)
+    return True
+
+
+def lag_panel(ctx, ax, comparisons, levels):
+    for i, c in enumerate(comparisons):
+        lags = tables.seed_lags(ctx, c, levels)
+        if not lags:
+            continue
+        shown = [lv for lv in levels if lv in lags]
+        ax.plot(shown, [sum(lags[lv].values()) / len(lags[lv]) for lv in shown], marker='o',
+                ms=3, color=report.variant_color(c['arm'], i), label=f"{c['arm']} − {c['ref']}")
+    ax.axhline(0, color='black', lw=0.8)
+    ax.invert_xaxis()
+    ax.set(xlabel='fixed-window val loss reached', ylabel='steps later',
+           title='the step lag (mean over seeds)')
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+
+
+def budgets_figure(ctx, path, comparisons, references, params, paper=440):
+    """The paired gap against tokens per parameter: each annealed budget (mean and 95% interval)
+    and v3's unannealed 1x on the same seeds, with the paper's tokens per parameter marked. No
+    line is drawn through the points: two budgets are not a trend to extrapolate."""
+    base = S.base_config(ctx.s)
+    points = []
+    for c in references + comparisons:
+        gaps = ctx.gaps(c['arm'], c['ref'], c['seeds'])
+        if len(gaps) == len(c['seeds']):
+            steps = tables.schedule_of(ctx, c['arm'], base)['max_iters']
+            tokens = steps * base['batch_size'] * base['block_size'] * \
+                base['gradient_accumulation_steps']
+            points.append((c, tokens / params, stats.interval95(list(gaps.values()))))
+    if not any(c in comparisons for c, _, _ in points):
+        return None
+    fig, ax = report.pyplot().subplots(figsize=(7.5, 4.6))
+    for c, x, (m, lo, hi) in points:
+        annealed = c in comparisons
+        ax.errorbar([x], [m], yerr=[[m - lo], [hi - m]], capsize=4,
+                    marker='o' if annealed else 's', color='C0' if annealed else 'grey',
+                    label=c['label'])
+    ax.axvline(paper, color='black', ls=':', lw=1,
+               label=f"the paper's runs: ~{paper} tokens per parameter")
+    ax.axhline(0, color='black', lw=0.8)
+    ax.set(xscale='log', xlabel='tokens per parameter (baseline)', xlim=(1, 1000),
+           ylabel='reduced − baseline, full val loss (%)',
+           title='the paired gap at the end of each budget (95% interval)')
+    ax.legend(fontsize=7)
+    report.save_figure(fig, path)
+    return True
+
+
 FIGURES = dict(trend=trend_figure, geometry=geometry_figure, diagnostics=diagnostics_figure,
                stability=stability_figure, trajectory=trajectory_figure,
-               induction=induction_figure)
+               induction=induction_figure, lag=lag_figure, logits=logits_figure,
+               budgets=budgets_figure)

@@ -224,6 +224,7 @@ class Plan:
     chosen: dict  # {arm: (lr, wd)} once tuned (or fixed)
     waiting: list  # the arms still tuning
     settings: dict  # {run name: the logging settings of the first phase naming it}
+    order: list = ()  # every run named, in the order the study's phase entries name them
 
 
 def phase_runs(s, phase, results, chosen, tuning):
@@ -250,13 +251,15 @@ def plan(s, results):
             chosen[arm] = pick
         elif 'grid' in s.arm(arm):
             waiting.append(arm)
-    phases, settings = {}, {}
+    phases, settings, order = {}, {}, []
     for phase in s.phases:
         runs = phase_runs(s, phase, results, chosen, tuning)
         phases.setdefault(phase['name'], []).extend(runs)
+        order += runs
         for r in runs:
             settings.setdefault(r.name, phase.get('settings', {}))
-    return Plan({k: list(dict.fromkeys(v)) for k, v in phases.items()}, chosen, waiting, settings)
+    return Plan({k: list(dict.fromkeys(v)) for k, v in phases.items()}, chosen, waiting, settings,
+                list(dict.fromkeys(order)))
 
 
 # -----------------------------------------------------------------------------
@@ -369,6 +372,11 @@ def commit_run(work, dest, error):
     return 'diverged' if diverged else 'finished'
 
 
+def reused(s, folder, root):
+    """Whether a committed run's folder is another study's."""
+    return os.path.abspath(os.path.dirname(folder)) != os.path.abspath(os.path.join(root, s.name))
+
+
 def comparable(config):
     """A run's settings as JSON values, without what names its folder."""
     config = json.loads(json.dumps(config))
@@ -381,10 +389,10 @@ def check_reused(s, p, folders, base, root, checked=None):
     """Every planned run found in a reused study must have been run with this study's command: its
     config.json equals the settings the command makes (a setting added to train.py since counts
     as equal when the command leaves it at its default). checked: names already checked."""
-    own, checked = os.path.join(root, s.name), set() if checked is None else checked
+    checked = set() if checked is None else checked
     for run in (r for runs in p.phases.values() for r in runs):
         folder = folders.get(run.name)
-        if folder is None or os.path.dirname(folder) == own or run.name in checked:
+        if folder is None or not reused(s, folder, root) or run.name in checked:
             continue
         saved = comparable(read_json(os.path.join(folder, 'config.json'), 'config.json'))
         made = comparable(train.settings(train_args(s, run, base, 'x', p.settings[run.name])[:-1]))

@@ -33,13 +33,15 @@ DEFAULTS = dict(
     gap_png=None,  # the paired relative gap of each variant to the first, against tokens
     diag_png=None,  # every run's diagnostics (attention logit std, entropy, q/k RMS, weight norms)
     sweep=False,  # runs named <arm>_wd<lambda>_s<seed>: final val loss per arm and weight decay
-    smooth=0.9,  # exponential smoothing of the per-step train loss in the plot
+    smooth=0.9,  # the train-loss curve's moving average: this much weight per step on the past
     best=False,  # only print the run directory with the lowest final val loss
 )
 QUERY_LABEL = dict(linear='full attention', identity='W_Q=I', residual='q=x+xW_Q',
                    residual_gelu='q=x+GELU(xW_Q)', nonlinear='nonlinear q')
-# the authors' reference bands
-BANDS = [(0.0, 'equal'), (0.1, '+-0.1%'), (-0.1, None), (-0.35, '-0.35%')]
+# the gap figure's reference lines: no gap, and the margin within which the rule says "matches"
+BANDS = [(0.0, 'no gap'), (stats.MARGIN, f'±{stats.MARGIN:g}%: the margin of "matches"'),
+         (-stats.MARGIN, None)]
+SMOOTH_MIN_POINTS = 10  # fewer logged steps than this are drawn as they are
 # what variant files are read against
 DEFAULT_GEOMETRY = {k: v for k, v in GPTConfig().__dict__.items()}
 
@@ -60,13 +62,38 @@ def read_run(out_dir):
     name = os.path.basename(os.path.normpath(out_dir))
     return dict(name=name, arm=re.sub(r'_s\d+$', '', name), config=config, evals=evals,
                 steps=[e for e in log if 'loss' in e], params=model.get_num_params(),
-                describe=describe(model.config, config))
+                settings=settings_of(model.config, config))
 
 
-def describe(cfg, config):
-    kind = ('W_K=I' if cfg.key_identity else 'W_V=I' if cfg.value_identity
-            else QUERY_LABEL[cfg.query])
-    return f"{kind}, d={cfg.n_embd}, mlp={cfg.mlp_hidden}, wd={config['weight_decay']:g}"
+def settings_of(cfg, config):
+    """What a run's variant column can name: its query and what else sets a variant apart."""
+    query = ('W_K=I' if cfg.key_identity else 'W_V=I' if cfg.value_identity
+             else QUERY_LABEL[cfg.query])
+    return dict(query=query, d=cfg.n_embd, layers=cfg.n_layer, heads=cfg.n_head,
+                kv_heads=cfg.n_kv_head, mlp=cfg.mlp_hidden, pos=cfg.pos,
+                qk_norm='on' if cfg.qk_norm else 'off',
+                scale=f"1/{1 / cfg.scale:.3g}" + (' learned' if cfg.learn_scale else ''),
+                wd=f"{config.get('weight_decay', float('nan')):g}")
+
+
+def describe(runs):
+    """Each run's variant: its query, then every setting in which the runs differ."""
+    keys = [k for k in runs[0]['settings'] if k == 'query' or
+            len({r['settings'][k] for r in runs}) > 1]
+    return [', '.join(r['settings'][k] if k == 'query' else f"{k}={r['settings'][k]}"
+                      for k in keys) for r in runs]
+
+
+def mismatch(runs):
+    """A one-line warning when the runs are not comparable as trained (their lengths, tokens,
+    data or vocabulary differ), else None."""
+    what = dict(steps=lambda r: r['evals'][-1]['iter'], tokens=lambda r: r['evals'][-1]['tokens'],
+                data=lambda r: r['config'].get('dataset'),
+                vocabulary=lambda r: r['config'].get('model_args', {}).get('vocab_size'))
+    differ = [f"{name} ({', '.join(map(str, dict.fromkeys(get(r) for r in runs)))})"
+              for name, get in what.items() if len({get(r) for r in runs}) > 1]
+    return ("warning: these runs differ in " + '; '.join(differ) +
+            ": their losses are not a like-for-like comparison") if differ else None
 
 
 def fmt_params(n):
@@ -80,13 +107,15 @@ def final(run):
 
 
 def table(runs):
-    ref = final(runs[0])
-    rows = ["| run | variant | params | tokens | final val loss | best val loss | vs first "
-            "| tokens/s (median) |", "|---|---|---|---|---|---|---|---|"]
-    for r in runs:
+    ref, warning = final(runs[0]), mismatch(runs)
+    rows = ([warning, ''] if warning else []) + [
+        "| run | variant | params | tokens | final val loss (full split) "
+        "| best val loss (fixed windows) | vs first | tokens/s (median) |",
+        "|---|---|---|---|---|---|---|---|"]
+    for r, variant in zip(runs, describe(runs)):
         speeds = [e['tokens_per_s'] for e in r['steps'] if e.get('tokens_per_s')]
         speed = f"{statistics.median(speeds):,.0f}" if speeds else "-"
-        rows.append(f"| {r['name']} | {r['describe']} | {fmt_params(r['params'])} "
+        rows.append(f"| {r['name']} | {variant} | {fmt_params(r['params'])} "
                     f"| {r['evals'][-1]['tokens']:,} | "
                     f"{final(r):.4f} | {min(e['val_loss'] for e in r['evals']):.4f} | "
                     f"{100 * (final(r) - ref) / ref:+.2f}% | {speed} |")
@@ -200,35 +229,68 @@ def variant_color(name, i=0):
     return pyplot().get_cmap('tab20')(names.index(match) % 20) if match else f"C{i % 10}"
 
 
-def smoothed(values, beta):
-    out, avg = [], None
-    for v in values:
-        avg = v if avg is None else beta * avg + (1 - beta) * v
+def smoothed(steps, values, beta):
+    """An exponential moving average over steps, not over logged points: beta is the weight per
+    step on the past, so points logged every k steps carry beta**k, and the curve follows the
+    run at any log interval (time constant 1/(1 - beta) steps)."""
+    out, avg, last = [], None, None
+    for step, v in zip(steps, values):
+        w = beta ** (step - last) if avg is not None else 0.0
+        avg, last = w * avg + (1 - w) * v if avg is not None else v, step
         out.append(avg)
     return out
 
 
+def train_curve(r, beta):
+    """(steps' tokens, losses, how they were drawn): a moving average over steps, or the logged
+    losses as they are when a run has few of them."""
+    steps = r['steps']
+    tokens, losses = [e['tokens'] for e in steps], [e['loss'] for e in steps]
+    if len(steps) < SMOOTH_MIN_POINTS or not 0 < beta < 1:
+        return tokens, losses, False
+    return tokens, smoothed([e['iter'] for e in steps], losses, beta), True
+
+
 def plot(runs, path, beta):
     fig, (ax_train, ax_val) = pyplot().subplots(1, 2, figsize=(13, 4.8))
+    drawn = set()
     for i, r in enumerate(runs):
         label, color = f"{r['name']} ({fmt_params(r['params'])})", variant_color(r['name'], i)
         if r['steps']:
-            ax_train.plot([e['tokens'] for e in r['steps']],
-                          smoothed([e['loss'] for e in r['steps']], beta), label=label, color=color)
+            tokens, losses, smooth = train_curve(r, beta)
+            drawn.add(smooth)
+            ax_train.plot(tokens, losses, label=label, color=color,
+                          marker=None if smooth else 'o', ms=3)
         ax_val.plot([e['tokens'] for e in r['evals']], [e['val_loss'] for e in r['evals']],
                     marker='o', ms=3, label=label, color=color)
-    for ax, title in ((ax_train, f'train loss (per step, smoothed {beta})'), (ax_val, 'val loss')):
+    how = {frozenset({True}): f'moving average over steps, time constant {1 / (1 - beta):.0f} '
+           'steps', frozenset({False}): 'as logged'}.get(frozenset(drawn),
+                                                          f'as logged under {SMOOTH_MIN_POINTS} '
+                                                          'points, else averaged over steps')
+    for ax, title in ((ax_train, f'train loss ({how})'), (ax_val, 'val loss (fixed windows)')):
         ax.set(xlabel='tokens seen', ylabel='loss', title=title)
         ax.grid(alpha=0.3)
     # the interesting part is the end: zoom the val panel on the last two thirds
     tail = [e['val_loss'] for r in runs for e in r['evals'][len(r['evals']) // 3:]]
     ax_val.set_ylim(min(tail) - 0.02, max(tail) + 0.02)
     ax_val.legend(fontsize=8)
+    warn(fig, runs)
     save_figure(fig, path)
 
 
+def warn(fig, runs):
+    """The runs' mismatch warning (if any) across the top of a figure."""
+    warning = mismatch(runs)
+    if warning:
+        fig.suptitle(warning, color='firebrick', fontsize=9)
+
+
+def seeds_word(n):
+    return f"{n} seed" + ("" if n == 1 else "s")
+
+
 def plot_gaps(groups, path):
-    """Mean paired gap +- sd against tokens, with the authors' reference bands."""
+    """Mean paired gap +- sd against tokens, with the rule's reference lines, each labelled."""
     fig, ax = pyplot().subplots(figsize=(8, 4.8))
     ref_name, ref_runs = next(iter(groups.items()))
     for name, runs in list(groups.items())[1:]:
@@ -239,8 +301,8 @@ def plot_gaps(groups, path):
         tokens = [it * last['tokens'] / last['iter'] for it, _ in points]
         means = [m for _, (m, _) in points]
         sds = [0.0 if s != s else s for _, (_, s) in points]
-        line, = ax.plot(tokens, means, marker='o', ms=3, label=f"{name} ({len(runs)} seeds)",
-                        color=variant_color(name))
+        line, = ax.plot(tokens, means, marker='o', ms=3,
+                        label=f"{name} ({seeds_word(len(runs))})", color=variant_color(name))
         ax.fill_between(tokens, [m - s for m, s in zip(means, sds)],
                         [m + s for m, s in zip(means, sds)], color=line.get_color(), alpha=0.2)
     for y, label in BANDS:
@@ -249,6 +311,7 @@ def plot_gaps(groups, path):
            title='paired relative gap, mean +- sd over seeds')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    warn(fig, [r for runs in groups.values() for r in runs])
     save_figure(fig, path)
 
 
@@ -285,14 +348,15 @@ def plot_diagnostics(runs, path):
         tokens = [e['tokens'] for e in evals]
         n_layer = len(evals[0]['diagnostics']['entropy'])
         color = variant_color(r['name'], i)
+        dot = dict(marker='o') if len(evals) == 1 else {}  # one evaluation: a point, not a line
         for ax, (key, _) in zip(axes.flat, DIAG_PANELS):
             for layer in range(n_layer):
                 ax.plot(tokens, [e['diagnostics'][key][layer] for e in evals], color=color,
                         alpha=0.35 + 0.65 * (layer + 1) / n_layer,
-                        label=r['name'] if layer == n_layer - 1 else None)
+                        label=r['name'] if layer == n_layer - 1 else None, **dot)
         for ax, group in zip(axes.flat[len(DIAG_PANELS):], NORM_GROUPS):
             ax.plot(tokens, [e['diagnostics']['weight_norm'][group] for e in evals], color=color,
-                    label=r['name'])
+                    label=r['name'], **dot)
     titles = [t for _, t in DIAG_PANELS] + [f'|W| {g}' for g in NORM_GROUPS]
     for ax, title in zip(axes.flat, titles):
         ax.set(xlabel='tokens seen', title=title)

@@ -31,6 +31,7 @@ from common import UserError, parse_config, run_main
 from lab import docs
 from lab.plan import (base_config, check_reused, commit_run, load_study, plan, results_of,
                       shell_line, train_args, work_dir)
+from lab.plan import reused as plan_reused
 
 DEFAULTS = dict(
     jobs=1,  # runs at a time on this machine
@@ -47,11 +48,11 @@ DEFAULTS = dict(
 # the runner
 
 def pending(s, root):
-    """(runs to start now, in the phases' order; the plan; results; folders)."""
+    """(runs to start now, in the order the study's phase entries name them; the plan; results;
+    folders)."""
     results, folders = results_of(s, root)
     p = plan(s, results)
-    todo = [r for runs in p.phases.values() for r in runs if r.name not in results]
-    return list(dict.fromkeys(todo)), p, results, folders
+    return [r for r in p.order if r.name not in results], p, results, folders
 
 
 def start(run, c, s, base, logging):
@@ -131,8 +132,7 @@ def stop_runs(running, c, s):
 def status(c, s):
     todo, p, results, folders = pending(s, c['root'])
     print(f"study {s.name} ({s.path}): {' '.join(s.about.split(chr(10) * 2)[0].split())}")
-    reused = sum(os.path.dirname(folders[r.name]) != os.path.join(c['root'], s.name)
-                 for r in {r for runs in p.phases.values() for r in runs} if r.name in folders)
+    reused = sum(plan_reused(s, folders[r.name], c['root']) for r in p.order if r.name in folders)
     for phase, runs in p.phases.items():
         print(f"{phase}: {sum(r.name in results for r in runs)} of {len(runs)} named runs done")
     if reused:

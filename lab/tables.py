@@ -6,10 +6,10 @@ committed runs once; the v2 kinds and the figures use it too.
 """
 import math
 import os
-import re
 
-from common import read_jsonl
+from common import read_json, read_jsonl
 from lab import plan as S, stats
+from model import GPTConfig
 
 # -----------------------------------------------------------------------------
 # a study's committed runs, read once
@@ -430,3 +430,217 @@ def claims_table(ctx, comparisons, texts, stability):
     rows = rows[:2] + sorted(rows[2:], key=lambda row: row.split(' ')[1])
     return '\n'.join(rows) + (f"\n\n{label}: `+` marks an arm none of whose runs spiked: its "
                               "largest LR is a lower bound.\n")
+
+
+# -----------------------------------------------------------------------------
+# v4: the reference check, the step lag, the logits' growth, the budgets, the climb
+
+def rerun_table(ctx, arms, seed, tag):
+    """Each arm's run repeated under `tag` against the committed one: the full val loss of each,
+    their difference, and the largest difference of the fixed-window losses on the way."""
+    rows = ["| arm | seed | full val loss | repeated here | difference | largest difference on "
+            "the way |", "|---|---|---|---|---|---|"]
+    for arm in arms:
+        a, b = ctx.at(arm, seed), ctx.at(arm, seed, tag=tag)
+        if ctx.loss(a) is None or ctx.loss(b) is None:
+            return f"Not yet: {arm} on seed {seed} has not been repeated.\n"
+        x, y = eval_series(ctx.log(a)), eval_series(ctx.log(b))
+        worst = max(abs(y[k] - x[k]) / x[k] for k in x if k in y)
+        rows.append(f"| {arm} | {seed} | {ctx.loss(a):.6f} | {ctx.loss(b):.6f} | "
+                    f"{100 * (ctx.loss(b) - ctx.loss(a)) / ctx.loss(a):+.5f}% | {worst:.1e} |")
+    return '\n'.join(rows) + '\n'
+
+
+def crossing(series, level):
+    """The first step at which a loss curve {step: loss} reaches level, interpolated linearly
+    between the two evaluations around it; None if it never does."""
+    steps = sorted(series)
+    for a, b in zip(steps, steps[1:]):
+        if series[a] > level >= series[b]:
+            return a + (b - a) * (series[a] - level) / (series[a] - series[b])
+    return None
+
+
+def seed_lags(ctx, c, levels):
+    """{level: {seed: steps the arm needs beyond its reference to reach it}} on the levels every
+    run of both arms reaches, and the seeds both finished."""
+    extra = dict(budget=c.get('budget', 1.0))
+    found = {}
+    for seed in c['seeds']:
+        a, b = ctx.at(c['arm'], seed, **extra), ctx.at(c['ref'], seed, **extra)
+        if ctx.loss(a) is None or ctx.loss(b) is None or math.isinf(ctx.loss(a) + ctx.loss(b)):
+            continue
+        x, y = eval_series(ctx.log(a)), eval_series(ctx.log(b))
+        for level in levels:
+            found.setdefault(level, {})[seed] = (crossing(x, level), crossing(y, level))
+    reached = {lv: {s: xa - ya for s, (xa, ya) in by.items()} for lv, by in found.items()
+               if all(xa is not None and ya is not None for xa, ya in by.values())}
+    return reached
+
+
+def steps_cell(values):
+    m, lo, hi = stats.interval95(values)
+    return f"{m:+.0f} [{lo:+.0f}, {hi:+.0f}]"
+
+
+def lag_table(ctx, comparisons, levels, figure=None):
+    """Per comparison, the steps the arm needs beyond its reference to reach each loss level
+    (mean [95% interval] over the paired seeds), and their mean from the second level down."""
+    rows, waiting = [], []
+    header = "| comparison | " + " | ".join(f"{lv:g}" for lv in levels) + \
+        f" | mean, {levels[1]:g} and below |"
+    for c in comparisons:
+        lags = seed_lags(ctx, c, levels)
+        if not lags or len(next(iter(lags.values()))) < len(c['seeds']):
+            waiting.append(f"{c['arm']} − {c['ref']}")
+            continue
+        cells = [steps_cell(list(lags[lv].values())) if lv in lags else "not reached"
+                 for lv in levels]
+        per_seed = mean_lags(lags, levels[1:])
+        rows.append(f"| {c['label']} {c['arm']} − {c['ref']} | " + " | ".join(cells) +
+                    f" | {steps_cell(list(per_seed.values())) if per_seed else '-'} |")
+    note = "Not yet: " + ", ".join(waiting) + ".\n" if waiting else ""
+    if not rows:
+        return note
+    shown = f"\n![the step lag at each loss level]({figure})\n" if figure else ""
+    return ('\n'.join([header, "|---|" + "---|" * (len(levels) + 1)] + rows) +
+            "\n\nSteps the arm needs beyond its reference to reach each fixed-window val loss "
+            "(a crossing interpolated between evaluations); positive: the arm is later.\n"
+            + shown + ("\n" + note if note else ""))
+
+
+def mean_lags(lags, levels):
+    """{seed: the seed's mean lag over those of levels that every run reaches}."""
+    used = [lv for lv in levels if lv in lags]
+    seeds = next(iter(lags.values())).keys() if lags else []
+    return {s: sum(lags[lv][s] for lv in used) / len(used) for s in seeds} if used else {}
+
+
+def seed_lag_table(ctx, comparisons, levels):
+    """Seed by seed, each comparison's mean lag over the levels from levels[1] down: whether the
+    arm that changes one thing removes the delay on every seed or on average."""
+    columns = []
+    for c in comparisons:
+        lags = seed_lags(ctx, c, levels)
+        if not lags or len(next(iter(lags.values()))) < len(c['seeds']):
+            return f"Not yet: {c['arm']} − {c['ref']} lacks seeds.\n"
+        columns.append(mean_lags(lags, levels[1:]))
+    seeds = sorted(columns[0])
+    rows = ["| seed | " + " | ".join(f"{c['arm']} − {c['ref']}" for c in comparisons) + " |",
+            "|---|" + "---|" * len(comparisons)]
+    rows += [f"| {s} | " + " | ".join(f"{col[s]:+.0f}" for col in columns) + " |" for s in seeds]
+    rows.append("| mean [95% interval] | " + " | ".join(steps_cell(list(col.values()))
+                                                        for col in columns) + " |")
+    return '\n'.join(rows) + '\n'
+
+
+def diag_mean(ctx, arm, seeds, step, key, layer=None):
+    """The mean over seeds of a logged diagnostic at an evaluation step (one layer, or the mean
+    over layers)."""
+    values = []
+    for r in ctx.done(arm, seeds):
+        entry = next(e for e in ctx.log(r) if e['iter'] == step and 'diagnostics' in e)
+        v = entry['diagnostics'][key]
+        values.append(v[layer] if layer is not None else sum(v) / len(v))
+    return sum(values) / len(values)
+
+
+def logits_table(ctx, arms, seeds, steps):
+    """Per arm, its attention logits' growth: the first layer's logit std and normalised entropy,
+    and the logit std over all layers, at some evaluation steps (means over the seeds)."""
+    done = [a for a in arms if len(ctx.done(a, seeds)) == len(seeds)]
+    if not done:
+        return "Not yet: no arm has all its seeds.\n"
+    cols = [f"{name} at {k}" for name in ("layer-0 logit std", "mean logit std",
+                                          "layer-0 entropy / ln t") for k in steps]
+    rows = ["| arm | scale | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for arm in done:
+        cells = [diag_mean(ctx, arm, seeds, k, key, layer) for key, layer in
+                 (('logit_std', 0), ('logit_std', None), ('entropy_norm', 0)) for k in steps]
+        rows.append(f"| {arm} | 1/{1 / run_scale(ctx, arm, seeds):g} | " +
+                    " | ".join(f"{v:.2f}" for v in cells) + " |")
+    rest = [a for a in arms if a not in done]
+    return '\n'.join(rows) + '\n' + (f"\nNot yet: {', '.join(rest)}.\n" if rest else '')
+
+
+def run_scale(ctx, arm, seeds):
+    """The softmax scale the arm's first committed run trained with (its config.json)."""
+    folder = ctx.folders[ctx.done(arm, seeds)[0].name]
+    args = read_json(os.path.join(folder, 'config.json'), 'config.json')['model_args']
+    return GPTConfig.from_dict(args).scale
+
+
+def budgets_table(ctx, comparisons, references, params, margin=stats.MARGIN):
+    """The paired gap at the end of each annealed budget (one Holm family), beside the same pair's
+    gap at v3's 1x schedule (`references`, which ends at 93.6% of the peak LR), with tokens per
+    parameter."""
+    found, gaps = comparison_stats(ctx, comparisons, margin)
+    base = S.base_config(ctx.s)
+    rows = ["| schedule | steps | tokens | tokens per parameter | peak LR (ref, arm) "
+            "| paired gap, mean ± sd | interval (level) | t p (Holm) | resolution | verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in references + comparisons:
+        r = found[comparisons.index(c)] if c in comparisons else \
+            comparison_stats(ctx, [c], margin)[0][0]
+        if r is None:
+            rows.append(f"| {c['label']} | | | | | not yet | | | | |")
+            continue
+        steps = schedule_of(ctx, c['arm'], base)['max_iters']
+        tokens = steps * base['batch_size'] * base['block_size'] * \
+            base['gradient_accumulation_steps']
+        lrs = f"{ctx.plan.chosen[c['ref']][0]:g}, {ctx.plan.chosen[c['arm']][0]:g}"
+        rows.append(f"| {c['label']} | {steps} | {tokens / 1e6:.2f}M | {tokens / params:.1f} | "
+                    f"{lrs} | {pct(r['mean'])} ± {r['sd']:.2f}% | [{pct(r['mean'] - r['half'])}, "
+                    f"{pct(r['mean'] + r['half'])}] ({100 * r['level']:.1f}%) | "
+                    f"{fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])}) | {r['mde']:.2f}% | "
+                    f"**{r['verdict']}** |")
+    return '\n'.join(rows) + '\n'
+
+
+def schedule_of(ctx, arm, base):
+    return dict(base, **ctx.s.arm(arm).get('settings', {}))
+
+
+def end_ratio(log):
+    """The fixed-window val loss at the end over its value at step 100: how much a run learned
+    after its first 100 steps."""
+    series = eval_series(log)
+    return series[max(series)] / series[100]
+
+
+def climb_table(ctx, arms, lrs, stall=0.8):
+    """Every run of a climb, each described by its log: diverged; stalled (its fixed-window loss
+    at the end above `stall` of its value at step 100); every rise of that loss between two
+    evaluations; and its largest gradient norm after warmup over the median."""
+    warmup = ctx.warmup()
+    rows = ["| arm | weight decay | peak LR | seed | full val loss | end ÷ step 100 | state "
+            "| rises of the fixed-window loss (step: %) | grad norm max ÷ median (logged every) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for arm in arms:
+        wd = ctx.s.arm(arm)['weight_decay']
+        for lr in lrs:
+            for seed in ctx.s.tuning['seeds']:
+                run = S.Run(arm, lr, wd, seed)
+                loss = ctx.results.get(run.name)
+                if loss is None:
+                    continue
+                rows.append(climb_row(ctx, run, loss, warmup, stall))
+    return '\n'.join(rows) + '\n'
+
+
+def climb_row(ctx, run, loss, warmup, stall):
+    if math.isinf(loss):
+        return f"| {run.arm} | {run.wd:g} | {run.lr:g} | {run.seed} | diverged | | diverged | | |"
+    log = ctx.log(run)
+    ratio, rises = end_ratio(log), spikes(log, warmup)
+    state = 'stalled' if ratio > stall else 'learning'
+    every = log_every(log)
+    grad = grad_ratio(log, warmup)
+    listed = ', '.join(f"{k}: {pct(v)}" for k, v in rises.items()) or 'none'
+    return (f"| {run.arm} | {run.wd:g} | {run.lr:g} | {run.seed} | {loss:.4f} | {ratio:.2f} | "
+            f"{state} | {listed} | {grad:.1f} ({every} step{'s' if every > 1 else ''}) |")
+
+
+def log_every(log):
+    steps = [e['iter'] for e in log if 'loss' in e]
+    return steps[1] - steps[0] if len(steps) > 1 else 1

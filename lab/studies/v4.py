@@ -24,7 +24,8 @@ arms = {
                                settings=dict(attn_scale=HD ** -0.5), grid=(1.41e-3, 2e-3, 2.83e-3)),
     'reduced_wd0.1': dict(variant='reduced', weight_decay=0.1, grid=(1.41e-3, 2e-3, 2.83e-3)),
     'baseline_half_scale': dict(variant='baseline', weight_decay=0.1,
-                                settings=dict(attn_scale=0.5 * HD ** -0.5), grid=(1e-3, 1.41e-3, 2e-3)),
+                                settings=dict(attn_scale=0.5 * HD ** -0.5),
+                                grid=(1e-3, 1.41e-3, 2e-3)),
     # the annealed schedule, tuned at each budget; 4x on two seeds, around its 1x selection
     'baseline_anneal': dict(variant='baseline', weight_decay=0.1, settings=ANNEAL,
                             grid=(1e-3, 1.41e-3, 2e-3)),
@@ -36,6 +37,9 @@ arms = {
                              grid=dict(around='reduced_anneal'), tuning=dict(seeds=(201, 202))),
     # claim (iii) in its weight-decay form: the baseline at the reduced model's weight decay
     'baseline_wd0.03125': dict(variant='baseline', weight_decay=2 ** -5),
+    # the conditional arm (amended: its rule fired): a learned per-head scale, from 1/16
+    'reduced_learned_scale': dict(variant='reduced', weight_decay=2 ** -5,
+                                  settings=dict(learn_scale=True), grid=(1.41e-3, 2e-3, 2.83e-3)),
 }
 tuning = dict(seeds=(201, 202, 203), step=2 ** 0.5, extend=3, anchor=2e-3)
 TEST = tuple(range(301, 311))  # v3's test seeds: its runs there are the references
@@ -52,7 +56,60 @@ phases = [
     dict(name='tuning', kind='tune', arms=('baseline_anneal4x', 'reduced_anneal4x')),
     dict(name='anneal', kind='at', arms=('baseline_anneal4x', 'reduced_anneal4x'),
          seeds=TEST[:8]),
+    dict(name='tuning', kind='tune', arms=('reduced_learned_scale',)),
+    dict(name='test', kind='at', arms=('reduced_learned_scale',), seeds=TEST),
     # above v3's grid, 8e-3 to 2.26e-2, until a seed diverges; the gradient norm at every step
     dict(name='climb', kind='climb', arms=('baseline_wd0.03125', 'reduced_wd0.1'),
          seeds=tuning['seeds'], above=5.66e-3, steps=4, settings=dict(log_interval=1)),
 ]
+
+# the write-up: docs/experiments.md's generated blocks and docs/assets/ figures
+PARAMS = 844_928  # the baseline's parameters here: tokens per parameter
+COMPARISONS = [  # one family, Holm-corrected together: each arm against both references, and W_Q
+    dict(label='1', arm='reduced_full_scale', ref='baseline'),
+    dict(label='2', arm='reduced_full_scale', ref='reduced'),  # the halved scale, with W_Q = I
+    dict(label='3', arm='baseline_half_scale', ref='baseline'),  # the halved scale, with W_Q
+    dict(label='4', arm='baseline_half_scale', ref='reduced'),
+    dict(label='5', arm='reduced_wd0.1', ref='baseline'),
+    dict(label='6', arm='reduced_wd0.1', ref='reduced'),  # the lower weight decay
+    dict(label='7', arm='reduced_wd0.1', ref='baseline_half_scale'),  # W_Q = I alone
+]
+COMPARISONS = [dict(c, seeds=TEST, family='ablation') for c in COMPARISONS]
+V3 = dict(label='v3', arm='reduced', ref='baseline', seeds=TEST, family='v3')  # the delay itself
+LEARNED = [dict(label='8', arm='reduced_learned_scale', ref=ref, seeds=TEST, family='learned')
+           for ref in ('baseline', 'reduced')]
+ANNEALED = [dict(label='annealed 1×', arm='reduced_anneal', ref='baseline_anneal', seeds=TEST,
+                 family='anneal'),
+            dict(label='annealed 4×', arm='reduced_anneal4x', ref='baseline_anneal4x',
+                 seeds=TEST[:8], family='anneal')]
+UNANNEALED = [dict(V3, label="v3's 1× (ends at 93.6% of the peak LR)")]
+LEVELS = tuple(round(2.3 - 0.1 * i, 1) for i in range(11))  # 2.3 down to 1.3
+ARMS = ('baseline', 'reduced', *ABLATIONS, 'reduced_learned_scale')
+CLIMB = ('baseline', 'baseline_wd0.03125', 'reduced_wd0.1', 'reduced')  # recipe by weight decay
+RESOLUTION = ("Resolution: the smallest gap this comparison's measured noise detects with 80% "
+              "power at Holm's strictest level for the seven, 0.05/7.")
+tables = dict(
+    v4_check=dict(kind='rerun', arms=('baseline', 'reduced'), seed=TEST[0], tag='rerun'),
+    v4_tuning=dict(kind='tuning', arms=(*ABLATIONS, 'reduced_learned_scale', 'baseline_anneal',
+                                        'reduced_anneal')),
+    v4_tuning_4x=dict(kind='tuning', arms=('baseline_anneal4x', 'reduced_anneal4x')),
+    v4_verdict=dict(kind='verdicts', comparisons=COMPARISONS, explain=RESOLUTION),
+    v4_learned=dict(kind='verdicts', comparisons=LEARNED, explain=(
+        "Resolution: as above, at Holm's strictest level for these two, 0.025.")),
+    v4_lag=dict(kind='lag', comparisons=[V3, *COMPARISONS, *LEARNED], levels=LEVELS,
+                figure='assets/v4_lag.png'),
+    v4_seed_lags=dict(kind='seed_lags', comparisons=[V3, *COMPARISONS[:1], COMPARISONS[2]],
+                      levels=LEVELS),
+    v4_logits=dict(kind='logits', arms=ARMS, seeds=TEST, steps=(100, 300, 1200)),
+    v4_budgets=dict(kind='budgets', comparisons=ANNEALED, references=UNANNEALED, params=PARAMS),
+    v4_budget_lag=dict(kind='lag', comparisons=[*UNANNEALED, *ANNEALED], levels=LEVELS),
+    v4_climb=dict(kind='climb', arms=CLIMB, lrs=(8e-3, 1.13e-2, 1.6e-2, 2.26e-2)),
+)
+figures = {
+    'v4_lag.png': dict(kind='lag', comparisons=[V3, *COMPARISONS, *LEARNED], levels=LEVELS),
+    'v4_logits.png': dict(kind='logits', arms=ARMS, seeds=TEST, lag=dict(
+        comparisons=[V3, COMPARISONS[0], COMPARISONS[2], COMPARISONS[4], LEARNED[0]],
+        levels=LEVELS)),
+    'v4_budgets.png': dict(kind='budgets', comparisons=ANNEALED, references=UNANNEALED,
+                           params=PARAMS),
+}

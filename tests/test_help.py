@@ -7,8 +7,16 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = ('train', 'sample', 'prepare', 'bench', 'report', 'experiment', 'convert', 'export')
+import common
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+# every script, as it is run: `python train.py`, `python -m lab.study`
+SCRIPTS = ('train', 'sample', 'prepare', 'bench', 'lab.report', 'lab.study', 'lab.bench',
+           'tools.convert', 'tools.export')
+
+
+def command(name):
+    return [sys.executable, '-m', name] if '.' in name else [sys.executable, f'{name}.py']
 
 
 @pytest.mark.parametrize('name', SCRIPTS)
@@ -22,19 +30,21 @@ def test_help_lists_every_key_with_its_default_type_and_a_description(name, caps
     assert listed == set(script.DEFAULTS), name  # every key the parser accepts, and no other
     lines = {re.match(r'  --(\w+)=', line).group(1): line
              for line in out.splitlines() if line.startswith('  --')}
+    types = getattr(script, 'TYPES', {})
     for key, default in script.DEFAULTS.items():
         assert lines[key].startswith(f"  --{key}={default!r} "), key
-        kind = type(default).__name__ if default is not None else 'optional'
-        assert re.search(rf"  {kind}\s+\S", lines[key]), \
+        kind = common.kind_of(key, script.DEFAULTS, types).name()
+        assert kind != 'NoneType', f"{name}: --{key} has no declared type"
+        assert re.search(rf"  {re.escape(kind)}\s+\S", lines[key]), \
             f"{name}: --{key} lacks its type or description"
-    assert out.splitlines()[0] == importlib.import_module(name).__doc__.strip().splitlines()[0]
+    assert out.splitlines()[0] == script.__doc__.strip().splitlines()[0]
+    assert 'A bool takes True or False (or true, false)' in out
 
 
 def test_train_help_groups_its_keys():
-    import common
     import model
     import train
-    text = common.help_text(train.DEFAULTS, (train.__file__, model.__file__))
+    text = common.help_text(train.DEFAULTS, (train.__file__, model.__file__), train.TYPES)
     groups = re.findall(r'^(\w+):$', text, re.M)
     assert groups == ['run', 'data', 'model', 'optimiser', 'schedule', 'system']
 
@@ -43,9 +53,8 @@ def test_train_help_groups_its_keys():
 def test_help_from_the_command_line_exits_zero():
     """--help on every script's command line, -h on one (the same branch of common.parse_config)."""
     calls = [(name, '--help') for name in SCRIPTS] + [('train', '-h')]
-    procs = [subprocess.Popen([sys.executable, f'{name}.py', flag], cwd=HERE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, flag in calls]
+    procs = [subprocess.Popen(command(name) + [flag], cwd=HERE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name, flag in calls]
     for (name, flag), proc in zip(calls, procs):
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0 and err == '' and '  --' in out, (name, flag, err[-300:])

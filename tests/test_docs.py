@@ -1,5 +1,5 @@
-"""The docs' commands, the standalone model file, and variants defined by their config file
-alone."""
+"""The docs' commands, the layout (the card's files at the root, the lab beside them, no import
+circle), the standalone model file, and variants defined by their config file alone."""
 import ast
 import glob
 import importlib
@@ -11,11 +11,11 @@ import pytest
 
 import bench
 import common
-import report
 import train
+from lab import report
 from model import GPTConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 DOCS = [os.path.join(HERE, 'README.md')] + sorted(glob.glob(os.path.join(HERE, 'docs', '*.md')))
 PARSERS = {'train.py': train.settings}  # the other scripts parse with their DEFAULTS
 
@@ -33,9 +33,12 @@ def bash_commands(path):
 
 
 def script_and_args(argv):
-    """The .py or .sh script a command runs and the arguments after it; None for pip and pytest."""
+    """The script a command runs (a .py or .sh file, or a module of `python -m`) and the arguments
+    after it; None for pip and pytest."""
     for i, word in enumerate(argv):
-        if word.endswith(('.py', '.sh')) and '=' not in word:
+        if word == '-m' and argv[i + 1] not in ('pytest', 'pip'):
+            return argv[i + 1].replace('.', '/') + '.py', argv[i + 2:]
+        if word.endswith(('.py', '.sh')) and '=' not in word and not word.startswith('lab/studies'):
             return word, argv[i + 1:]
     return None, argv
 
@@ -61,23 +64,91 @@ def test_every_documented_command_names_a_real_script_config_and_flag(path):
         if script.endswith('.sh'):
             continue
         args = [os.path.join(HERE, a) if a.startswith('config/') else a for a in args]
-        if script == 'report.py':
-            args = [a for a in args if a.startswith('--')]  # the others are run directories
-        defaults = lambda: importlib.import_module(script[:-3]).DEFAULTS
-        parse = PARSERS.get(script) or (lambda a: common.parse_config(defaults(), a))
+        if script.startswith('lab/'):
+            # the others are run directories or study files
+            for study in (a for a in args if a.startswith('lab/studies/') and '*' not in a):
+                assert os.path.isfile(os.path.join(HERE, study)), line
+            args = [a for a in args if a.startswith('--')]
+        module = importlib.import_module(script[:-3].replace('/', '.'))
+        parse = PARSERS.get(script) or (lambda a: common.parse_config(
+            module.DEFAULTS, a, types=getattr(module, 'TYPES', None)))
         parse(args)  # a UserError names the unknown key or the bad value
 
 
-def test_model_py_imports_nothing_from_the_project():
-    tree = ast.parse(open(os.path.join(HERE, 'model.py')).read())
-    nodes = list(ast.walk(tree))
-    imported = {alias.name.split('.')[0] for node in nodes if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split('.')[0] for node in nodes if isinstance(node, ast.ImportFrom)}
-    ours = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(HERE, '*.py'))} | {'config'}
-    assert imported and not imported & ours, imported & ours
+def imports_of(path):
+    """The top modules and the project's own modules (dotted) that a Python file imports."""
+    tree = ast.parse(open(path).read())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def project_modules():
+    """{dotted module name: file} of every Python module of the project but the tests."""
+    found = {}
+    for path in glob.glob(os.path.join(HERE, '**', '*.py'), recursive=True):
+        rel = os.path.relpath(path, HERE)
+        if rel.startswith(('tests', 'config', '.')) or os.path.basename(rel).startswith('test_') \
+                or rel == 'conftest.py':
+            continue
+        found[rel[:-3].replace(os.sep, '.').removesuffix('.__init__')] = path
+    return found
+
+
+def import_graph():
+    modules = project_modules()
+    return {name: {m for m in imports_of(path) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+CORE = ('model', 'train', 'prepare', 'sample', 'common')
+
+
+def test_the_root_holds_the_cards_files_and_the_lab_sits_beside_them():
+    root = sorted(f for f in os.listdir(HERE) if f.endswith('.py'))
+    assert len(root) <= 10, root
+    assert {'model.py', 'train.py', 'prepare.py', 'sample.py', 'common.py', 'test_model.py'} \
+        <= set(root)
+    assert os.path.isdir(os.path.join(HERE, 'lab', 'studies'))
+
+
+def test_the_core_imports_nothing_from_the_lab_and_nothing_imports_in_a_circle():
+    graph = import_graph()
+    for name in CORE:
+        assert not {m for m in graph[name] if m.startswith(('lab', 'tools', 'tests'))}, name
+    for path in glob.glob(os.path.join(HERE, '*.py')):  # the core's own files, tests included
+        if os.path.basename(path)[:-3] in CORE:
+            assert not any(m.startswith(('lab', 'tools')) for m in imports_of(path)), path
+    state = {}
+
+    def visit(name, trail):
+        if state.get(name) == 'done':
+            return
+        assert state.get(name) != 'open', f"import circle: {' -> '.join(trail + [name])}"
+        state[name] = 'open'
+        for other in graph[name]:
+            visit(other, trail + [name])
+        state[name] = 'done'
+    for name in graph:
+        visit(name, [])
+
+
+def test_model_py_imports_only_torch_and_holds_no_probe():
+    path = os.path.join(HERE, 'model.py')
+    top = {m.split('.')[0] for m in imports_of(path)}
     # the last: optional, for GPT-2 weights
-    assert imported <= {'torch', 'inspect', 'math', 'os', 'dataclasses', 'typing', 'transformers'}
+    assert top <= {'torch', 'inspect', 'math', 'os', 'dataclasses', 'typing', 'transformers'}, top
+    text = open(path).read()
+    assert len(text.splitlines()) <= 500
+    for probe in ('def diagnostics', 'def induction', 'def weight_norms', 'def param_breakdown',
+                  'def attention_probs'):
+        assert probe not in text
+    assert text.count('.tril(') == 1  # one causal-mask helper
 
 
 def test_a_new_variant_is_one_file_in_config(tmp_path, monkeypatch):
@@ -142,8 +213,8 @@ def test_docs_name_no_path_outside_the_repository(path):
     assert not re.search(r'(^|[\s`(])\.\./', open(path).read(), re.M), path
 
 
-PYTHON_FILES = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, '*.py'))
-                      + glob.glob(os.path.join(HERE, 'config', '*.py')))
+PYTHON_FILES = sorted(os.path.relpath(p, HERE) for pattern in ('*.py', '*/*.py', '*/*/*.py')
+                      for p in glob.glob(os.path.join(HERE, pattern)))
 
 
 @pytest.mark.parametrize('name', PYTHON_FILES)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The prepared GPU check: the CUDA path proven and measured in one go, in under 8 minutes on one
 # GPU. Writes results.md and results.json (and the raw logs) into $OUT (default: gpu-check/).
-#   bash gpu_check.sh             # on a CUDA machine: GPT-2 small, bf16, compiled
-#   DRY_RUN=1 bash gpu_check.sh   # the same steps at tiny sizes on CPU, a few seconds (the tests run it)
+#   bash tools/gpu_check.sh             # on a CUDA machine: GPT-2 small, bf16, compiled
+#   DRY_RUN=1 bash tools/gpu_check.sh   # the same steps, tiny sizes, on CPU (the tests run it)
 # Steps: 1. pytest -m cuda; 2. bench.py train steps, variants alternated; 3. torchrun training of
 # config/reduced.py on the embedded corpus with GPT-2 BPE (bytes in the dry run) (NCCL, compile, bf16, checkpoint, resume);
 # 4. KV-cache sampling against recomputation.
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/.."  # the repository root
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
 DATA=${DATA_ROOT:-data}  # where the embedded corpus is prepared; the dry run keeps it under $OUT
@@ -25,7 +25,7 @@ fi
 run() { echo "== $*" | tee -a "$OUT/log.txt"; "$@" 2>&1 | tee -a "$OUT/log.txt"; }
 
 # 1. the CUDA-marked tests (each skipped with its reason on a machine without CUDA)
-run python -m pytest -m cuda -q -rs -n 0 -p no:cacheprovider test_gpu.py > "$OUT/pytest.txt" || true
+run python -m pytest -m cuda -q -rs -n 0 -p no:cacheprovider tests/test_gpu.py > "$OUT/pytest.txt" || true
 # 2. training steps, side by side
 run python bench.py --variants=baseline,reduced,reduced_mlp,nonlinear $BENCH --json_out="$OUT/bench_train.jsonl"
 # 3. a short real run under torchrun, then a resume
@@ -37,6 +37,6 @@ run torchrun --standalone --nproc_per_node=1 train.py config/reduced.py --datase
     --max_iters=$STEPS --eval_interval=$((STEPS / 2)) --eval_iters=5 --log_interval=5 --keep_checkpoints="()" \
     --init_from=resume
 # 4. KV-cache decoding against recomputing the context
-run python bench.py --mode=sample --variants=reduced $SAMPLE --json_out="$OUT/bench_sample.jsonl"
-run python bench.py --mode=summary --json_out="$OUT" --run_dir="$R"
+run python -m lab.bench --mode=sample --variants=reduced $SAMPLE --json_out="$OUT/bench_sample.jsonl"
+run python -m lab.bench --mode=summary --json_out="$OUT" --run_dir="$R"
 echo "wrote $OUT/results.md and $OUT/results.json"

@@ -3,11 +3,11 @@ Export a kvgpt checkpoint to the Hugging Face transformers GPT-2 format (config.
 model.safetensors, and GPT-2's tokenizer files), for transformers pipelines, evaluation
 harnesses, inference servers and llama.cpp converters:
 
-    python export.py --in_dir=out-reduced --out_dir=hf-reduced
+    python -m tools.export --in_dir=out-reduced --out_dir=hf-reduced   # a GPT-2 BPE run
 
 Every model GPT-2's format can hold is exactly a GPT-2: W_Q = I is written out as an identity
 matrix (so an exported reduced model gives up its 7M-parameter saving at inference), a softmax
-scale other than 1/sqrt(hd) is folded into the query weights
+scale other than 1/sqrt(hd) (a learned one per head too) is folded into the query weights
 (s q.k = (1/sqrt(hd)) (s sqrt(hd) q).k), missing biases are zeros, the wider MLP is GPT-2's
 n_inner and untied heads set
 tie_word_embeddings=False. The export is checked against kvgpt's logits before it is moved
@@ -57,8 +57,6 @@ def refusal(cfg, tokenizer):
 def hf_state_dict(model):
     """kvgpt's weights in GPT2LMHeadModel's names and Conv1D (in, out) layout."""
     cfg, C = model.config, model.config.n_embd
-    # 1 for the standard scale, 1/2 for the paper's halved one
-    q_fold = cfg.scale * cfg.head_dim ** 0.5
     sd, out = model.state_dict(), {}
     eye = torch.eye(C)
     for i in range(cfg.n_layer):
@@ -71,7 +69,11 @@ def hf_state_dict(model):
             if parts[j].numel() == 0:  # the identity weight, written out; its bias is zero
                 parts[j], biases[j] = eye.clone(), None
             biases[j] = torch.zeros(C) if biases[j] is None else biases[j]
-        parts[0], biases[0] = parts[0] * q_fold, biases[0] * q_fold
+        # each head's scale over 1/sqrt(hd) (1/2 for the paper's halved one, per head when learned)
+        scale = torch.full((cfg.n_head,), cfg.scale) if attn.log_scale is None else \
+            attn.log_scale.detach().exp()
+        q_fold = (scale * cfg.head_dim ** 0.5).repeat_interleave(cfg.head_dim)
+        parts[0], biases[0] = parts[0] * q_fold[:, None], biases[0] * q_fold
         out[p + 'attn.c_attn.weight'] = torch.cat(parts).T
         out[p + 'attn.c_attn.bias'] = torch.cat(biases)
         for name in ('attn.c_proj', 'mlp.c_fc', 'mlp.c_proj'):

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-import export
+from tools import export
 import prepare
 import train
 from common import get_tokenizer, load_checkpoint
@@ -14,13 +14,15 @@ from model import GPT
 
 transformers = pytest.importorskip(
     'transformers', reason='transformers is the optional Hugging Face export dependency')
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 VARIANTS = {
     'baseline': [],
     # the halved scale is folded into W_Q
     'reduced': ['--query=identity', '--weight_decay=0.03125'],
     'reduced_mlp': ['--query=identity', '--mlp_hidden=144', '--tie_weights=False'],
     'key_identity_bias': ['--key_identity=True', '--bias=True', '--activation=relu'],
+    # a learned scale per head, folded into each head's rows of W_Q
+    'learned_scale': ['--query=identity', '--learn_scale=True'],
 }
 
 
@@ -84,7 +86,7 @@ def test_models_gpt2_cannot_hold_are_refused_in_one_line(runs, tmp_path):
     os.makedirs(tmp_path / 'nl')
     torch.save(dict(model=nonlinear.state_dict(), model_args=nonlinear.config.__dict__,
                     meta=ckpt['meta']), tmp_path / 'nl' / 'ckpt.pt')
-    r = subprocess.run([sys.executable, 'export.py', f'--in_dir={tmp_path / "nl"}',
+    r = subprocess.run([sys.executable, '-m', 'tools.export', f'--in_dir={tmp_path / "nl"}',
                         f'--out_dir={tmp_path / "x"}'], cwd=HERE, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: cannot export {tmp_path / 'nl'} to GPT-2's format: its query is 'nonlinear', "

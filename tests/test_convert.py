@@ -5,13 +5,13 @@ import sys
 import pytest
 import torch
 
-import convert
+from tools import convert
 import sample
 import train
 from common import UserError, load_checkpoint, model_errors, save_checkpoint
 from model import GPT, GPTConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 TRAIN = dict(n_head=4, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1,
              max_iters=12, eval_interval=12, eval_iters=1, log_interval=100, device='cpu',
              compile=False, dtype='float32', learning_rate=3e-3, warmup_iters=2, lr_decay_iters=12,
@@ -119,7 +119,7 @@ def test_singular_query_weight_and_query_bias_are_refused(data_root, tmp_path):
 @pytest.mark.slow
 def test_cli_refusal_is_one_line(data_root, tmp_path):
     src_dir = trained(data_root, tmp_path / 'src', n_layer=1)
-    r = subprocess.run([sys.executable, 'convert.py', f'--in_dir={src_dir}'], cwd=HERE,
+    r = subprocess.run([sys.executable, '-m', 'tools.convert', f'--in_dir={src_dir}'], cwd=HERE,
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count('\n') == 1
     assert 'refusing' in r.stderr and '--approximate=True' in r.stderr

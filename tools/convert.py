@@ -2,8 +2,12 @@
 The paper's theorems as a tool: turn a trained standard checkpoint into a query='identity'
 one by a change of basis of the residual stream, and verify it.
 
-    python convert.py --in_dir=out-theory --out_dir=out-theory-qid
-    python convert.py --in_dir=out-demo --out_dir=out-demo-qid --approximate=True
+    python train.py config/theory.py               # first, a model the theorems cover (~2 min)
+    python -m tools.convert --in_dir=out-theory    # writes out-theory-qid/ckpt.pt, exact
+    python train.py config/small.py --out_dir=out-small   # a standard pre-LN GPT (~4 min)
+    python -m tools.convert --in_dir=out-small --approximate=True   # the best effort, its gap
+
+(The README's demo, out-demo, is W_Q = I already: there is nothing to convert.)
 
 Attention reads its input x only through x W_Q, x W_K, x W_V. If the stream entering a
 layer is written in the basis Theta = W_Q (x' = x Theta), then Theta^-1 W_Q = I and the
@@ -21,15 +25,15 @@ conversion (one Theta, the first layer's W_Q; every other W_Q replaced by I) and
 the gap, a starting point for fine-tuning.
 
 """
+import math
 import os
 from dataclasses import asdict
-
-import math
 
 import torch
 
 from common import (UserError, model_from_checkpoint, open_dataset, parse_config, run_main,
                     save_checkpoint)
+from lab.probes import param_breakdown
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -164,6 +168,9 @@ def convert(c):
                         "W_Q = I it would normalise raw slices of the residual stream instead, a "
                         "different function that no change of basis reaches; convert a model "
                         "trained without qk_norm")
+    if cfg.learn_scale:
+        raise UserError("the checkpoint learns its softmax scale per head (learn_scale): convert "
+                        "a model with a fixed scale")
     reason = exactness(cfg)
     if reason and not c['approximate']:
         raise UserError(f"refusing: the conversion would not be exact because {reason}. "
@@ -178,7 +185,7 @@ def convert(c):
     x, y, where = check_tokens(ckpt, c, cfg.vocab_size, cfg.block_size)
     d64 = compare(src, dst, x, y)
     d32 = compare(src.float(), dst.float(), x, y)
-    before, after = src.param_breakdown(), dst.param_breakdown()
+    before, after = param_breakdown(src), param_breakdown(dst)
     out_dir = c['out_dir'] or c['in_dir'].rstrip('/') + '-qid'
     os.makedirs(out_dir, exist_ok=True)
     result = dict(exact=reason is None, reason=reason, check=where, max_logit_diff_float64=d64[0],

@@ -1,0 +1,565 @@
+"""The study runner (lab/study.py, lab/plan.py) and the study tables (lab/tables.py,
+lab/docs.py): a study file's plan, its runs, its commits and its report, on synthetic committed
+logs with known answers, on a tiny study run for real, and on the committed experiments."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from lab import docs, plan as P, study as S
+from lab.tables import spikes
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+STUDIES = os.path.join(HERE, 'lab', 'studies')
+PLOTS = 'matplotlib draws the study figures (pip install -r requirements-dev.txt)'
+
+
+@pytest.fixture(autouse=True)
+def at_root(monkeypatch):
+    monkeypatch.chdir(HERE)  # study files name their base configs from the repository root
+
+
+def load(name):
+    return P.load_study(os.path.join(STUDIES, f'{name}.py'))
+
+
+# -----------------------------------------------------------------------------
+# planning: the bracket rule, tuning over seeds, the climb, the lattice
+
+def test_bracket_rule():
+    assert P.bracket({1e-3: 2.0, 2e-3: 1.9, 4e-3: 1.8}, 2.0) == 8e-3  # best on the upper edge
+    assert P.bracket({1e-3: 1.8, 2e-3: 1.9, 4e-3: 2.0}, 2.0) == 5e-4  # lower edge
+    assert P.bracket({1e-3: 2.0, 2e-3: 1.8, 4e-3: 2.0}, 2.0) is None  # interior
+    assert P.bracket({1e-3: 2.0, 2e-3: 1.9, 4e-3: math.inf}, 2.0) is None  # diverged: the worst
+    assert P.bracket({0.0: 1.8, 2 ** -5: 1.9, 0.1: 2.0}, 10 ** 0.5) is None  # 0: wd's edge
+    assert P.bracket({0.0: 2.0, 2 ** -5: 1.9, 0.1: 1.8}, 10 ** 0.5) == 0.316
+
+
+def test_tuning_takes_the_mean_over_seeds_and_brackets_it():
+    s = load('v3')
+    results = {}
+    for lr in s.arm('reduced')['grid']:  # seed 201 alone would pick 2e-3; the mean picks the top
+        for seed in s.tuning['seeds']:
+            results[P.Run('reduced', lr, 2 ** -5, seed).name] = 2.0 - lr * (1 if seed != 201
+                                                                               else -1)
+    runs, chosen = P.tune(s, 'reduced', results, {})
+    assert chosen is None and runs[-1].lr == 0.008  # on the edge: 8e-3 joins, on all three seeds
+    for seed in s.tuning['seeds']:
+        results[P.Run('reduced', 0.008, 2 ** -5, seed).name] = math.inf  # diverged on every seed
+    assert P.tune(s, 'reduced', results, {})[1] == (5.66e-3, 2 ** -5)
+
+
+def test_v2_tunes_weight_decay_first_then_lr_at_it():
+    s = load('v2')
+    results = {}
+    losses = {0.0: 2.0, 2 ** -5: 1.9, 0.1: 1.8, 0.316: 1.85}  # best at 0.1 once 0.316 is tried
+    runs, chosen = P.tune(s, 'baseline', results, {})
+    assert [r.wd for r in runs] == [0.0, 2 ** -5, 0.1] and chosen is None
+    results.update({r.name: losses[r.wd] for r in runs})
+    runs, chosen = P.tune(s, 'baseline', results, {})
+    assert runs[-1].wd == 0.316 and chosen is None
+    results[runs[-1].name] = losses[0.316]
+    runs, chosen = P.tune(s, 'baseline', results, {})  # LR at wd 0.1: 2e-3 is done
+    assert [(r.lr, r.wd) for r in runs[4:]] == [(1e-3, 0.1), (4e-3, 0.1)] and chosen is None
+    for r, loss in zip(runs[4:], (1.9, 1.7)):
+        results[r.name] = loss
+    runs, chosen = P.tune(s, 'baseline', results, {})
+    assert runs[-1].lr == 8e-3
+    results[runs[-1].name] = math.inf
+    assert P.tune(s, 'baseline', results, {})[1] == (4e-3, 0.1)
+
+
+def test_a_grid_around_another_arms_selection_sits_on_the_lattice():
+    s = load('v4')
+    assert P.lr_grid(s, 'baseline_anneal4x', {}) is None  # waits for the 1x tuning
+    for lr, grid in ((1.41e-3, (1e-3, 1.41e-3, 2e-3)), (2e-3, (1.41e-3, 2e-3, 2.83e-3)),
+                     (0.000997, (7.07e-4, 1e-3, 1.41e-3))):
+        assert P.lr_grid(s, 'baseline_anneal4x', {'baseline_anneal': (lr, 0.1)}) == grid
+    assert P.tuning_seeds(s, 'baseline_anneal4x') == (201, 202)
+
+
+def test_the_climb_goes_up_until_a_seed_diverges():
+    s = load('v3')
+    climb = next(p for p in s.phases if p['kind'] == 'climb')
+    results = {}
+    assert P.climb_lrs(s, climb, 'reduced', results) == [0.008]
+    for seed in climb['seeds']:
+        results[P.Run('reduced', 0.008, 2 ** -5, seed).name] = 2.0
+    assert P.climb_lrs(s, climb, 'reduced', results) == [0.008, 0.0113]  # 8e-3 has every seed
+    results[P.Run('reduced', 0.0113, 2 ** -5, 201).name] = math.inf
+    assert P.climb_lrs(s, climb, 'reduced', results) == [0.008, 0.0113]  # a divergence ends it
+
+
+def test_a_spike_is_a_rise_of_the_fixed_window_loss_or_a_non_finite_loss():
+    clean = [dict(iter=k, loss=3.0 - k / 1000) for k in range(10, 300, 10)] + \
+        [dict(iter=k, val_loss=3.0 - k / 1000) for k in (0, 100, 200)]
+    assert spikes(clean, 24) == {}
+    assert spikes(clean + [dict(iter=300, val_loss=2.9)], 24) == {300: pytest.approx(100 / 28)}
+    # a hard batch moves the training loss, not the fixed windows: no spike
+    assert spikes(clean + [dict(iter=310, loss=2.71 * 1.6)], 24) == {}
+    assert spikes([dict(iter=20, val_loss=9.0), dict(iter=30, val_loss=2.0),
+                   dict(iter=100, val_loss=2.1)], 24) == {100: pytest.approx(5.0)}  # no warmup
+    assert spikes([dict(iter=30, loss=2.0), dict(iter=40, loss=math.nan)], 24) == {40: math.inf}
+
+
+def test_a_study_file_declares_only_what_the_runner_reads(tmp_path):
+    bad = tmp_path / 'bad.py'
+    bad.write_text("name = 'x'\nbase = ('config/small.py',)\narms = dict(a=dict())\n"
+                   "phases = []\nseeds = (1, 2)\n")
+    with pytest.raises(P.UserError, match='unknown declaration.*seeds.*UPPERCASE'):
+        P.load_study(str(bad))
+    bad.write_text("name = 'x'\nbase = ('config/small.py',)\narms = dict(a=dict(lr=1e-3))\n"
+                   "phases = [dict(name='t', kind='at', arms=('b',), seeds=(1,))]\n")
+    with pytest.raises(P.UserError, match="unknown arms \\['b'\\]"):
+        P.load_study(str(bad))
+    with pytest.raises(P.UserError, match="study file 'nope.py' not found"):
+        P.load_study('nope.py')
+
+
+# -----------------------------------------------------------------------------
+# v3 on synthetic committed logs with known answers
+
+ONSET = dict(baseline=400, reduced=500, reduced_mlp=400, baseline_small_mlp=400)
+LAG = dict(baseline=0.0, reduced=0.05, reduced_mlp=0.0, baseline_small_mlp=0.0)
+
+
+def synthetic_loss(run):
+    """Tuning: every arm's optimum at 2.83e-3 (interior). Test: reduced +0.5% (+0.3% at 2x), with
+    seed noise of +-0.1%; reduced_mlp -0.2%; baseline_small_mlp +0.8%; bf16 +0.01%."""
+    if run.seed in (201, 202, 203):
+        return 2.0 + math.log2(run.lr / 2.83e-3) ** 2 * 0.01 + 0.001 * (run.seed - 201)
+    base = 2.0 + 0.01 * (run.seed - 300) - 0.1 * math.log2(run.budget)
+    gap = dict(baseline=0.0, reduced=(0.5 if run.budget == 1 else 0.3) + 0.1 * (run.seed % 3 - 1),
+               reduced_mlp=-0.2 + 0.05 * (run.seed % 2),
+               baseline_small_mlp=0.8 + 0.1 * (run.seed % 3 - 1))[run.arm]
+    return base * (1 + gap / 100) * (1.0001 if run.dtype else 1)
+
+
+def write_run(root, name, run):
+    """A committed run whose log has the shape train.py writes; the climb's reduced run at
+    1.13e-2 on seed 203 diverges, its reduced run at 5.66e-3 on seed 202 rises at step 300."""
+    steps, final = round(1200 * run.budget), synthetic_loss(run)
+    spiky = run.arm == 'reduced' and run.lr == 5.66e-3 and run.seed == 202
+    log = []
+    for k in range(0, steps + 1, 50):
+        if k:
+            grad = 3.0 if run.lr > 5.66e-3 and k == 500 else 1.0
+            log.append(dict(iter=k, loss=final + 1.0 - k / steps, grad_norm=grad,
+                            dt_ms=150.0 if not run.dtype else 120.0))
+        if k % 100 == 0:
+            val = final + (1.0 + LAG[run.arm]) * (steps - k) / steps + (0.3 if spiky and k == 300
+                                                                        else 0.0)
+            score = 0.5 if k >= ONSET[run.arm] else 0.1
+            entry = dict(iter=k, val_loss=val, induction=[[0.0, score]], repeat_loss=3.0 - score)
+            entry.update(val_loss_full=final) if k == steps else None
+            log.append(entry)
+    folder = os.path.join(root, name, run.name)
+    os.makedirs(folder)
+    with open(os.path.join(folder, 'config.json'), 'w') as f:
+        json.dump(dict(max_iters=steps), f)
+    with open(os.path.join(folder, 'log.jsonl'), 'w') as f:
+        f.write(''.join(json.dumps(e) + '\n' for e in log))
+    if run.arm == 'reduced' and run.lr == 0.0113 and run.seed == 203:
+        with open(os.path.join(folder, 'diverged.txt'), 'w') as f:
+            f.write('error: the loss became non-finite at step 140\n')
+
+
+def fill(s, root, keep=lambda run: True):
+    """Commit every run the study names, round after round as tuning names more; the rounds."""
+    rounds = 0
+    while todo := [r for r in S.pending(s, root)[0] if keep(r)]:
+        for run in todo:
+            write_run(root, s.name, run)
+        rounds += 1
+    return rounds
+
+
+def test_v3_names_its_runs_and_waits_on_tuning(tmp_path):
+    s, root = load('v3'), str(tmp_path)
+    p = P.plan(s, {})
+    assert p.waiting == list(s.arms) and len(p.phases['tuning']) == 4 * 4 * 3
+    assert not p.phases['test']
+    assert fill(s, root) == 4  # tuning, then what it names, as the stability phase climbs
+    p = P.plan(s, P.results_of(s, root)[0])
+    assert not p.waiting and len(p.phases['tuning']) == 48  # every optimum interior
+    assert len(p.phases['test']) == 20 * 2 + 10 * 2
+    assert len(p.phases['longer']) == 8 and len(p.phases['dtype']) == 4
+    above = sorted({(r.arm, r.lr) for r in p.phases['stability']})  # up to the first divergence
+    assert above == [('baseline', lr) for lr in (0.008, 0.0113, 0.016, 0.0226)] + \
+        [('reduced', 0.008), ('reduced', 0.0113)]
+    assert p.phases['longer'][0].name == 'baseline_lr0.00283_wd0.1_s301_b2'
+    assert p.phases['dtype'][0].name == 'baseline_lr0.00283_wd0.1_s301_bfloat16'
+
+
+def test_the_runner_starts_the_primary_pair_before_the_secondaries_are_tuned(tmp_path):
+    s, root = load('v3'), str(tmp_path)
+    primary = ('baseline', 'reduced')
+    fill(s, root, lambda r: r.arm in primary and r.seed > 300 or (
+        r.arm in primary and r.lr in s.arm(r.arm)['grid']))
+    todo, p, _, _ = S.pending(s, root)
+    assert p.waiting == ['reduced_mlp', 'baseline_small_mlp']
+    assert todo[0].arm == 'reduced_mlp' and all(r.arm not in primary for r in todo[:12])
+
+
+def test_report_writes_every_v3_block_with_the_known_answers(tmp_path):
+    pytest.importorskip('matplotlib', reason=PLOTS)
+    s, root = load('v3'), str(tmp_path / 'experiments')
+    fill(s, root)
+    s.docs = str(tmp_path / 'docs' / 'experiments.md')
+    os.makedirs(os.path.dirname(s.docs))
+    with open(os.path.join(HERE, 'docs', 'experiments.md')) as f:
+        original = f.read()
+    with open(s.docs, 'w') as f:
+        f.write(original)
+    made = docs.write_report(s, root)
+    assert made['v3_tuning'].count('**selected**') == 4
+    assert made['v3_tuning'].count('| bracketed |') == 4
+    stability = made['v3_stability'].splitlines()
+    assert stability[3] == ('| reduced | 0.03125 | 0.002, 0.00283, 0.004, 0.00566, 0.008, 0.0113 '
+                            '| 0.00566: 202 spiked at 300 (+7.36%); 0.0113: 203 diverged | 0.004 '
+                            '| 1.0, 1.0, 1.0, 1.0, 3.0, 3.0 |')
+    assert '| reduced | 0.0113 | 2.0399 | 2.0409 | diverged |' in stability
+    verdict = made['v3_verdict']
+    assert '| (i) reduced − baseline | 20 | +0.50% ±' in verdict and verdict.count('**worse**') == 1
+    assert '| (ii) reduced_mlp − baseline | 10 | -0.17% ± 0.03% |' in verdict
+    slope_row = made['v3_trajectory'].splitlines()[-3]
+    assert slope_row.startswith('| slope over steps 800–1200, per 100 steps | -')
+    assert '| 2× − 1× | -0.20% [' in made['v3_longer']
+    assert '+100 [+100, +100] steps (n = 10)' in made['v3_induction']
+    assert '| median step time (ms, every logged step of 4 runs) | 150.0 | 120.0 |' \
+        in made['v3_dtype']
+    assert 'descriptive: baseline 0.0226+; reduced 0.004; ' in made['v3_claims']
+    for png in ('v3_stability.png', 'v3_trajectory.png', 'v3_induction.png'):
+        assert (tmp_path / 'docs' / 'assets' / png).read_bytes()[:4] == b'\x89PNG'
+    with open(s.docs) as f:
+        written = f.read()
+    assert written != original and docs.fill(original, made) == written
+
+
+def test_the_primary_comparison_is_reported_while_the_secondaries_wait(tmp_path):
+    s, root = load('v3'), str(tmp_path)
+    fill(s, root, lambda r: r.arm in ('baseline', 'reduced'))
+    made = docs.blocks(s, root)
+    verdict = made['v3_verdict']
+    assert '| (i) reduced − baseline | 20 | +0.50% ±' in verdict and '(ii)' not in verdict
+    assert verdict.endswith('Not yet: paired seeds so far reduced_mlp − baseline 0 of 10, '
+                            'reduced − baseline_small_mlp 0 of 10.\n')
+    assert made['v3_claims'].count('| not yet |') == 2
+    assert made['v3_induction'].endswith(
+        'Not yet: reduced_mlp, baseline_small_mlp need test seeds 301–310.\n')
+
+
+def test_the_v3_commands_train_each_arm_at_the_geometry_and_budget():
+    s = load('v3')
+    base = P.base_config(s)
+    assert base['init_std'] == pytest.approx(0.02 * 6 ** 0.5) and base['dataset'] == 'pysource'
+    assert (base['n_embd'] // base['n_head'], base['eval_interval'], base['dtype'],
+            base['diagnostics']) == (64, 100, 'float32', True)
+    run = P.Run('baseline_small_mlp', 4e-3, 0.1, 301, budget=2.0, dtype='bfloat16')
+    args = P.train_args(s, run, base, 'w')
+    assert '--mlp_hidden=448' in args and '--max_iters=2400' in args
+    assert '--warmup_iters=48' in args and '--lr_decay_iters=13720' in args
+    assert '--dtype=bfloat16' in args and args[-1] == '--init_from=auto'
+    assert sorted(P.train_args(s, P.Run('reduced', 2e-3, 2 ** -5, 301), base, 'w')[4:6]) == [
+        '--attn_scale=0.0625', '--query=identity']
+
+
+# -----------------------------------------------------------------------------
+# commits, reuse, the runner's loop
+
+def test_a_diverged_run_is_committed_as_infinitely_bad(tmp_path):
+    work, dest = tmp_path / 'work', tmp_path / 'dest'
+    work.mkdir()
+    (work / 'log.jsonl').write_text(json.dumps(dict(iter=0, val_loss=5.0)) + '\n')
+    (work / 'config.json').write_text(json.dumps(dict(max_iters=10)))
+    error = "error: the loss became non-finite by iter 5; ...\n"
+    assert P.commit_run(str(work), str(dest), error) == 'diverged'
+    assert P.final_loss(str(dest)) == math.inf
+    assert P.commit_run(str(work), str(tmp_path / 'other'), "interrupted\n") is None
+    assert not (tmp_path / 'other').exists()
+
+
+def test_v4_reuses_v3s_runs_only_where_the_commands_agree(tmp_path):
+    s = load('v4')
+    results, folders = P.results_of(s, os.path.join(HERE, 'experiments'))
+    p = P.plan(s, results)
+    reference = [r for r in p.phases['reference']]
+    assert len(reference) == 20 and all('/v3/' in folders[r.name] for r in reference)
+    assert len(P.check_reused(s, p, folders, P.base_config(s), 'experiments')) == 20
+    # a reused run made with other settings is refused
+    run = reference[0]
+    copy = tmp_path / 'v3' / run.name
+    copy.mkdir(parents=True)
+    saved = json.loads(open(os.path.join(folders[run.name], 'config.json')).read())
+    (copy / 'config.json').write_text(json.dumps(dict(saved, batch_size=8)))
+    with pytest.raises(P.UserError, match=f"{run.name} is reused by v4 but was run with other "
+                                          "settings \\(batch_size\\)"):
+        P.check_reused(s, p, dict(folders, **{run.name: str(copy)}), P.base_config(s),
+                       'experiments')
+
+
+def test_the_runner_plans_again_only_when_a_run_ends(monkeypatch, capsys):
+    """The plan reads every committed log, so polling the running jobs must not redo it: once at
+    the start, then once after each poll at which runs ended, however many polls a run lasts."""
+    runs = [P.Run('baseline', 2e-3, 0.1, seed) for seed in (1, 2, 3)]
+    done, plans = set(), []
+
+    def pending(s, root):
+        plans.append(sorted(r.seed for r in done))
+        p = P.Plan({'test': runs}, {}, [], {r.name: {} for r in runs})
+        return [r for r in runs if r not in done], p, {}, {}
+
+    class Proc:  # a job that reports itself finished on its fifth poll
+        def __init__(self):
+            self.polls = 0
+
+        def poll(self):
+            self.polls += 1
+            return 0 if self.polls >= 5 else None
+    monkeypatch.setattr(S, 'pending', pending)
+    monkeypatch.setattr(S, 'check_reused', lambda *a: set())
+    monkeypatch.setattr(S, 'start', lambda run, c, s, base, logging: Proc())
+    monkeypatch.setattr(S, 'finish', lambda run, c, s: done.add(run) or 'finished')
+    monkeypatch.setattr(S.time, 'sleep', lambda seconds: None)
+    monkeypatch.setattr(S, 'base_config', lambda s: {})
+    S.run_all(dict(root='unused', jobs=2), None)
+    # two jobs at a time: seeds 1 and 2 end on the same poll, then seed 3 on its own
+    assert plans == [[], [1, 2], [1, 2, 3]]
+    assert capsys.readouterr().out == "nothing left to run\n"
+
+
+# -----------------------------------------------------------------------------
+# a new study, run for real: by the runner, and by its --print lines as a shell script
+
+def tiny_study(tmp_path, data_root, endless=False):
+    (tmp_path / 'tiny.py').write_text('\n'.join([
+        "dataset = 'tiny'", f"data_root = {data_root!r}", "n_layer = 1", "n_head = 2",
+        "n_embd = 32", "block_size = 32", "batch_size = 2", "eval_iters = 1",
+        f"max_iters = {10 ** 6 if endless else 4}", "lr_decay_iters = 4", "warmup_iters = 1",
+        f"eval_interval = {10 ** 6 if endless else 2}", "log_interval = 1", ""]))
+    (tmp_path / 'study.py').write_text(f'''"""A tiny study: reduced against the baseline."""
+name = 'tiny'
+docs = {str(tmp_path / 'tiny.md')!r}
+base = ('config/small.py', {str(tmp_path / 'tiny.py')!r})
+arms = dict(baseline=dict(weight_decay=0.1, lr=2e-3), reduced=dict(weight_decay=2 ** -5, lr=2e-3))
+phases = [dict(name='test', kind='at', arms=('baseline', 'reduced'), seeds=(1, 2))]
+PAIR = [dict(label='(a)', arm='reduced', ref='baseline', seeds=(1, 2), family='one')]
+tables = dict(tiny_verdict=dict(kind='verdicts', comparisons=PAIR, explain='Two seeds.'))
+''')
+    (tmp_path / 'tiny.md').write_text("# Tiny\n\n<!-- generated: tiny_verdict -->\n<!-- end -->\n")
+    return str(tmp_path / 'study.py')
+
+
+@pytest.mark.slow
+def test_a_new_study_file_runs_commits_and_reports_and_its_print_lines_do_the_same(
+        data_root, tmp_path, capsys):
+    path = tiny_study(tmp_path, data_root)
+    root, work = str(tmp_path / 'experiments'), str(tmp_path / 'work')
+    S.main([path, f'--root={root}', f'--work_root={work}', '--jobs=2', '--threads=1'])
+    assert 'nothing left to run' in capsys.readouterr().out
+    assert sorted(os.listdir(os.path.join(root, 'tiny'))) == [
+        f'{arm}_lr0.002_wd{wd:g}_s{seed}' for arm, wd in (('baseline', 0.1), ('reduced', 2 ** -5))
+        for seed in (1, 2)]
+    made = S.main([path, f'--root={root}', '--report=True'])[0]
+    assert capsys.readouterr().out.startswith('wrote 1 block of tiny into ')
+    finals = {}
+    for run in os.listdir(os.path.join(root, 'tiny')):
+        log = [json.loads(line) for line in open(os.path.join(root, 'tiny', run, 'log.jsonl'))]
+        finals[run] = next(e['val_loss_full'] for e in log if 'val_loss_full' in e)
+    ref = lambda s: finals[f'baseline_lr0.002_wd0.1_s{s}']
+    gaps = [100 * (finals[f'reduced_lr0.002_wd0.03125_s{s}'] - ref(s)) / ref(s) for s in (1, 2)]
+    row = next(line for line in made['tiny_verdict'].splitlines() if line.startswith('| (a)'))
+    assert row.startswith(f"| (a) reduced − baseline | 2 | {sum(gaps) / 2:+.2f}% ± ")
+    assert made['tiny_verdict'].endswith('Two seeds.\n')
+    assert made['tiny_verdict'] in open(tmp_path / 'tiny.md').read()
+    # the same study by its printed lines, as a scheduler would run them
+    other, other_work = str(tmp_path / 'again'), str(tmp_path / 'work2')
+    lines = S.main([path, f'--root={other}', f'--work_root={other_work}', '--print=True',
+                    '--threads=1'])[0]
+    script = capsys.readouterr().out
+    assert len(lines) == len(script.splitlines()) == 4
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
+    r = subprocess.run(['bash', '-e', '-c', script], cwd=HERE, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    S.main([path, f'--root={other}', f'--work_root={other_work}', '--collect=True'])
+    assert 'collected 4 run(s)' in capsys.readouterr().out
+    again = docs.blocks(P.load_study(path), other)
+    assert again == made  # the same runs, the same table
+    assert S.main([path, f'--root={other}', '--print=True'])[0] == []
+
+
+@pytest.mark.slow
+def test_a_signal_stops_the_runner_and_its_runs_save_their_checkpoints(data_root, tmp_path,
+                                                                       monkeypatch, capsys):
+    path = tiny_study(tmp_path, data_root, endless=True)
+    root, work = str(tmp_path / 'experiments'), tmp_path / 'work'
+    real_start = S.start
+
+    def signal_once_training(run_dir):
+        deadline, log = time.time() + 120, os.path.join(run_dir, 'log.jsonl')
+        while time.time() < deadline and not (os.path.exists(log) and 'loss' in open(log).read()):
+            time.sleep(0.1)  # train.py has set its own handlers by its first logged step
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def start_then_signal(run, c, s, base, logging):
+        proc = real_start(run, c, s, base, logging)
+        if run.seed == 1 and run.arm == 'baseline':
+            threading.Thread(target=signal_once_training, args=(S.work_dir(c, s, run),),
+                             daemon=True).start()
+        return proc
+    monkeypatch.setattr(S, 'start', start_then_signal)
+    before = signal.getsignal(signal.SIGTERM)
+    S.main([path, f'--root={root}', f'--work_root={work}', '--threads=1'])
+    assert 'stopped by a signal: 1 run(s) saved their checkpoints' in capsys.readouterr().out
+    run_dir = work / 'out-tiny' / 'baseline_lr0.002_wd0.1_s1'
+    assert (run_dir / 'ckpt.pt').exists() and not os.path.exists(root)  # saved, not committed
+    assert signal.getsignal(signal.SIGTERM) is before  # the runner gave the handler back
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_is_not_an_error():
+    """`python -m lab.study lab/studies/v3.py --status=True | head -3`: a closed pipe ends the
+    script quietly (141, as a shell's SIGPIPE)."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line
+    r = subprocess.run([sys.executable, '-m', 'lab.study', 'lab/studies/v3.py', '--status=True'],
+                       cwd=HERE, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert (r.returncode, r.stderr) == (141, '')
+
+
+# -----------------------------------------------------------------------------
+# the committed experiments: every generated block, and v2's and v3's figures, byte for byte
+
+ALL = sorted(f[:-3] for f in os.listdir(STUDIES) if f.endswith('.py'))
+
+
+def test_docs_blocks_match_the_committed_logs():
+    """Every generated block of docs/experiments.md is what its study's committed logs give."""
+    with open(os.path.join(HERE, 'docs', 'experiments.md')) as f:
+        text = f.read()
+    made = {}
+    for name in ALL:
+        made.update(docs.blocks(load(name), os.path.join(HERE, 'experiments')))
+    assert sorted(m.group(2) for m in docs.BLOCK.finditer(text)) == sorted(made)
+    assert docs.fill(text, made) == text, \
+        "docs/experiments.md is stale: run python -m lab.study lab/studies/*.py --report=True"
+
+
+@pytest.mark.parametrize('name', ['v2', 'v3'])
+def test_v2_and_v3_figures_regenerate_byte_for_byte(name, tmp_path):
+    pytest.importorskip('matplotlib', reason=PLOTS)
+    import matplotlib
+    s = load(name)
+    drawn = docs.write_figures(s, os.path.join(HERE, 'experiments'), str(tmp_path))
+    assert sorted(drawn) == sorted(s.figures)
+    for png in drawn:
+        committed = open(os.path.join(HERE, 'docs', 'assets', png), 'rb').read()
+        made = (tmp_path / png).read_bytes()
+        assert f'Matplotlib version{matplotlib.__version__}'.encode() in committed, \
+            "the committed figures were drawn by another matplotlib: requirements-dev.txt pins it"
+        assert made == committed, png
+
+
+# -----------------------------------------------------------------------------
+# v2 and the pilot on synthetic committed logs with known answers
+
+DIAG = dict(logit_std=[0.1], entropy=[1.0], entropy_norm=[0.5], q_rms=[1.0], k_rms=[0.2],
+            weight_norm=dict(attn_in=1.0, attn_out=1.0, mlp_in=1.0, mlp_out=1.0, embeddings=1.0))
+
+
+def v2_loss(run):
+    """Known answers: reduced is 0.5% + 0.1% per doubling of tokens behind, plus 0.2% at the wide
+    init; reduced_mlp within 0.05% of the baseline; nonlinear 1% ahead, with seed noise; tuning
+    optimum interior (nonlinear's, 2.6e-3, is found only by the finer grid)."""
+    if run.seed == 100:
+        best_lr = 2.6e-3 if run.arm == 'nonlinear' else 2e-3
+        return 2.0 + (math.log2(run.lr / best_lr)) ** 2 * 0.01 + abs(run.wd - 2 ** -5)
+    base = 2.0 + 0.01 * (run.seed - 100) - 0.1 * math.log2(run.budget)
+    gap = dict(baseline=0.0,
+               reduced=0.5 + 0.1 * math.log2(run.budget) + (0.2 if run.init_std else 0.0),
+               reduced_mlp=0.05 * (-1) ** run.seed, nonlinear=-1.0 + 0.1 * (run.seed % 3))[run.arm]
+    return base * (1 + gap / 100)
+
+
+def committed_v2(root, name, run, loss):
+    folder = os.path.join(root, name, run.name)
+    os.makedirs(folder)
+    with open(os.path.join(folder, 'config.json'), 'w') as f:
+        json.dump(dict(max_iters=10, seed=run.seed, weight_decay=run.wd,
+                       model_args=dict(n_layer=1, n_embd=32, n_head=2)), f)
+    with open(os.path.join(folder, 'log.jsonl'), 'w') as f:
+        f.write(json.dumps(dict(iter=10, tokens=100, val_loss=loss, val_loss_full=loss,
+                                diagnostics=DIAG)) + '\n')
+
+
+def test_report_writes_every_v2_block_and_figure_with_the_known_answers(tmp_path):
+    pytest.importorskip('matplotlib', reason=PLOTS)
+    s, root = load('v2'), str(tmp_path / 'experiments')
+    while todo := S.pending(s, root)[0]:
+        for run in todo:
+            committed_v2(root, s.name, run, v2_loss(run))
+    made = docs.blocks(s, root)
+    selected = [line for line in made['tuning'].splitlines() if 'selected' in line]
+    assert [line.split(' | ')[1:3] for line in selected] == [['0.002', '0.03125']] * 4
+    assert made['tuning'].count('| bracketed |') == 4
+    verdicts = [line.rsplit('|', 2)[1].strip() for line in made['verdict'].splitlines()[3:6]]
+    # gap sds 0, 0.0548 and 0.0894 over 6 seeds: (t(1 - 0.05/6, 5) + t(0.8, 5)) * sd / sqrt(6)
+    assert made['verdict'].endswith("(n = 6, at the level 0.05/3): reduced 0.00%; "
+                                    "reduced_mlp 0.10%; nonlinear 0.16%.\n")
+    assert verdicts == ['**worse**', '**matches**', '**better**']
+    assert '| slope per doubling of tokens | +0.10% [+0.10%, +0.10%] |' in made['trend']
+    assert ('| difference | | +0.20% [+0.20%, +0.20%]: **depends on the init geometry** |'
+            in made['geometry'])
+    refine = made['refine'].splitlines()
+    assert refine[2] == ('| baseline | 0.03125 | 0.00141: 2.0025, 0.002: 2.0000, 0.00283: 2.0025 '
+                         '| 0.002 | +0.00% | (reference) |')
+    assert refine[5].startswith('| nonlinear | 0.03125 | 0.00141: 2.0078, 0.002: 2.0014, '
+                                '0.00283: 2.0001 | 0.00283 | -0.06% | +0.07% → +0.01% |')
+    assert made['refine'].endswith('**grid-sensitive**: nonlinear.\n')
+    assert 'assets/diagnostics.png' in made['diagnostics']
+    assert sorted(docs.write_figures(s, root, str(tmp_path))) == sorted(s.figures)
+
+
+def test_v2s_arms_come_from_their_config_files_at_its_geometry():
+    s = load('v2')
+    base = P.base_config(s)
+    run = P.Run('reduced_mlp', 4e-3, 0.1, 101, budget=0.25, init_std=0.049)
+    assert run.name == 'reduced_mlp_lr0.004_wd0.1_s101_b0.25_std0.049'
+    args = P.train_args(s, run, base, 'out-x/r')
+    assert sorted(args[2:5]) == ['--attn_scale=0.0625', '--mlp_hidden=576', '--query=identity']
+    c = train_settings(args)
+    pick = lambda *keys: tuple(c[k] for k in keys)
+    assert pick('max_iters', 'warmup_iters', 'lr_decay_iters') == (300, 6, 1715)  # same shape
+    assert pick('mlp_hidden', 'learning_rate', 'min_lr', 'weight_decay') == (576, 4e-3, 4e-4, 0.1)
+    assert pick('seed', 'data_seed', 'init_std', 'n_head') == (101, 101, 0.049, 2)
+    nonlinear = P.train_args(s, P.Run('nonlinear', 4e-3, 0.1, 101), base, 'w')
+    assert sorted(nonlinear[2:5]) == ['--attn_scale=0.0625', '--query=nonlinear', '--query_mix=1.0']
+
+
+def train_settings(args):
+    import train
+    return train.settings(args)
+
+
+def test_the_pilots_table_pairs_each_arm_with_its_modern_block(tmp_path):
+    s, root = load('modern_pilot'), tmp_path / 'experiments'
+    assert docs.blocks(s, str(root))['modern_pilot'] == "Not yet: no pilot run is committed.\n"
+    for name, loss in (('baseline_s1', 2.0), ('baseline_modern_s1', 1.98), ('reduced_s1', 2.1),
+                       ('reduced_modern_s1', 2.121)):
+        folder = root / 'modern_pilot' / name
+        folder.mkdir(parents=True)
+        (folder / 'config.json').write_text(json.dumps(dict(max_iters=600)))
+        line = json.dumps(dict(iter=600, val_loss=loss, val_loss_full=loss))
+        (folder / 'log.jsonl').write_text(line + '\n')
+    rows = docs.blocks(s, str(root))['modern_pilot'].splitlines()
+    assert rows[2:] == ['| baseline | 1 | 2.0000 | 1.9800 | -1.00% |',
+                        '| reduced | 1 | 2.1000 | 2.1210 | +1.00% |']
+    assert P.plan(s, {}).phases == {}  # its runs were made by hand: it names none
