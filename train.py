@@ -9,7 +9,12 @@ The micro-batches of global step k are a pure function of (data_seed, k): every
 variant, every restart and every world size sees the same token windows at the same
 step, which is what makes the paper's side-by-side comparisons fair. Checkpoints are
 written atomically, never from a non-finite state, and resuming continues bit for bit.
+
+Below the settings: setup() makes a Run and train_loop() is the loop, in nanoGPT's order; then
+the evaluation, the checkpoints, and the helpers they use; train() at the end runs it all.
 """
+from __future__ import annotations  # the Run below names types defined further down
+
 import fcntl
 import gc
 import importlib
@@ -106,7 +111,310 @@ PROBES = 'lab.probes'  # the module diagnostics=True runs at each evaluation: pr
 
 
 # -----------------------------------------------------------------------------
-# setup
+# the run: what setup() makes, and the loop that changes it
+
+@dataclass
+class Run:
+    c: dict  # the settings
+    d: Dist  # this process's place in the world
+    dev: DeviceSetup  # device, dtype, autocast
+    data: Dataset
+    model: GPT  # the raw model: checkpoints, evaluation, probes
+    step_model: torch.nn.Module  # the same, compiled and/or wrapped for DDP: the training steps
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    log: Logger  # rank 0's; None elsewhere
+    probe: object  # the evaluation hook (evaluation_probe); None without diagnostics
+    iter_num: int = 0
+    best_val_loss: float = math.inf
+    signal: int = None  # set by SIGTERM or SIGINT: save at the next step and stop
+
+    @property
+    def accum(self):  # micro-steps per process
+        return self.c['gradient_accumulation_steps'] // self.d.world
+
+    @property
+    def tokens_per_iter(self):
+        c = self.c
+        return c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
+
+
+def setup(c, d):
+    """The run: data, model (from scratch, a checkpoint or GPT-2), optimizer, log."""
+    check_settings(c, d.world)
+    dev = setup_device(d.device, c['dtype'], c['compile'])
+    torch.manual_seed(c['seed'] + d.rank)
+    data = open_data(c, d.master, d.ddp)
+    if d.master:
+        print_overrides(c, DEFAULTS)
+    model, ckpt = build_model(c, data.meta, d.master)
+    config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
+    model.to(dev.device)
+    scaler = torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16')
+    optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'],
+                                           (c['beta1'], c['beta2']), dev.type)
+    step_model = torch.compile(model) if dev.compile else model
+    if d.ddp:
+        ids = [torch.device(dev.device).index] if dev.type == 'cuda' else None
+        step_model = DDP(step_model, device_ids=ids)
+    r = Run(c, d, dev, data, model, step_model, optimizer, scaler, None, None)
+    if ckpt is not None:
+        restore(r, ckpt)
+    if d.master:  # eval_only writes no config.json: that is the training run's
+        r.log = Logger(c['out_dir'], None if c['eval_only'] else config, r.iter_num,
+                       init_wandb(c))
+        r.probe = evaluation_probe(c, data, dev.device)
+        print(f"tokens per iteration: {r.tokens_per_iter:,} "
+              f"({c['gradient_accumulation_steps']} x {c['batch_size']} x {c['block_size']}, "
+              f"{d.world} process(es)); starting at iter {r.iter_num}")
+    return r
+
+
+def train_loop(r):
+    """nanoGPT's loop: the learning rate, evaluate and save, the micro-steps, clip and step,
+    log, stop. The batches of step k are drawn from (data_seed, k) alone."""
+    c, start_iter, keep = r.c, r.iter_num, set(r.c['keep_checkpoints'])
+    clock, step = Clock(start_iter), StepStats(r.dev.device)
+    while True:
+        lr = lr_at(r.iter_num, c)
+        last = r.iter_num >= c['max_iters'] or c['eval_only']
+        if r.iter_num % c['eval_interval'] == 0 or last:
+            clock.pause(evaluate(r, step, moved=r.iter_num > start_iter))
+        if last:
+            return
+        for group in r.optimizer.param_groups:
+            group['lr'] = lr
+        micro_steps(r, step)
+        if c['grad_clip'] > 0:
+            r.scaler.unscale_(r.optimizer)
+            step.grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), c['grad_clip'])
+        elif r.iter_num % c['log_interval'] == c['log_interval'] - 1:  # the step logged next
+            r.scaler.unscale_(r.optimizer)
+            grads = [p.grad for p in r.model.parameters() if p.grad is not None]
+            step.grad_norm = torch.nn.utils.get_total_norm(grads)
+        r.scaler.step(r.optimizer)
+        r.scaler.update()
+        r.optimizer.zero_grad(set_to_none=True)
+        r.iter_num += 1
+        clock.tick(r.iter_num)
+        if r.iter_num in keep:
+            check_finite(r, step)
+            save(r, 'kept', f'ckpt_{r.iter_num}.pt')
+        if r.iter_num % c['log_interval'] == 0:
+            log_step(r, step, lr, clock.step_time(r.iter_num))
+        if stop_requested(r):
+            check_finite(r, step)
+            save(r, 'signal')
+            if r.d.master:
+                print(f"stopped by a signal at iter {r.iter_num}; continue with "
+                      "--init_from=resume (or auto)")
+            return
+
+
+class StepStats:
+    """The last step's loss sum and gradient norm, and whether any loss was non-finite: kept on
+    the device, read only at log steps (no host sync per step)."""
+
+    def __init__(self, device):
+        self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+        self.grad_norm = torch.zeros((), dtype=torch.float32, device=device)
+
+
+def micro_steps(r, step):
+    """Forward and backward over this process's share of the step's global batch."""
+    c, batch = r.c, r.c['batch_size']
+    starts = r.data.starts('train', c['gradient_accumulation_steps'] * batch, c['data_seed'],
+                           r.iter_num)
+    step.loss_sum.zero_()
+    for micro in range(r.accum):
+        m = r.d.rank * r.accum + micro  # this micro-batch's index in the global batch
+        x, y = r.data.batch('train', starts[m * batch:(m + 1) * batch], r.dev.device)
+        # DDP averages over ranks; dividing by the local accumulation makes the global mean
+        last = micro == r.accum - 1
+        with r.step_model.no_sync() if r.d.ddp and not last else nullcontext():
+            with r.dev.ctx:
+                _, loss = r.step_model(x, y)
+            r.scaler.scale(loss / r.accum).backward()
+        loss = loss.detach()
+        step.nonfinite |= ~torch.isfinite(loss)
+        step.loss_sum += loss.float()
+
+
+def log_step(r, step, lr, dt):
+    c = r.c
+    check_finite(r, step)
+    mean_loss = step.loss_sum / r.accum  # the step's global-batch mean, as after a resume
+    if r.d.ddp:
+        dist.all_reduce(mean_loss)
+        mean_loss /= r.d.world
+    loss, grad_norm = mean_loss.item(), step.grad_norm.item()
+    peak = device_peak_flops(r.dev.device)
+    mfu = dt and r.model.estimate_mfu(r.tokens_per_iter // r.d.world, dt, peak, c['block_size'])
+    eta = dt and dt * (c['max_iters'] - r.iter_num)
+    if not r.d.master:
+        return
+    timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
+    mfu_text = f", mfu {mfu * 100:.1f}%" if mfu else ""
+    print(f"iter {r.iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}{timing}"
+          f"{mfu_text}")
+    r.log(iter=r.iter_num, tokens=r.iter_num * r.tokens_per_iter, lr=lr, loss=loss,
+          grad_norm=grad_norm, dt_ms=dt and dt * 1000, tokens_per_s=dt and r.tokens_per_iter / dt,
+          mfu=mfu, eta_s=eta)
+
+
+# -----------------------------------------------------------------------------
+# evaluation
+
+def evaluate(r, step, moved):
+    """The losses on both splits (and the full val loss at the end), the probes, the log line,
+    then a checkpoint; the seconds it took (the step times leave them out)."""
+    c, t0 = r.c, time.time()
+    check_finite(r, step)
+    losses = estimate_loss(r)
+    entry = dict(iter=r.iter_num, tokens=r.iter_num * r.tokens_per_iter,
+                 train_loss=losses['train'], val_loss=losses['val'])
+    if r.iter_num >= c['max_iters'] or c['eval_only']:
+        entry['val_loss_full'] = full_val_loss(r)
+    if r.probe is not None:
+        r.model.eval()
+        with r.dev.ctx:
+            entry.update(r.probe(r.model))
+        r.model.train()
+    entry['eval_s'] = time.time() - t0  # what evaluating costs
+    if r.d.master:
+        full = entry.get('val_loss_full')
+        full = f", full val loss {full:.4f}" if full is not None else ''
+        print(f"iter {r.iter_num}: train loss {losses['train']:.4f}, "
+              f"val loss {losses['val']:.4f}{full}")
+        r.log(**entry)
+    if not math.isfinite(losses['val']):
+        raise UserError(f"val loss is non-finite at iter {r.iter_num}; the checkpoints in "
+                        f"{c['out_dir']} are untouched")
+    improved = losses['val'] < r.best_val_loss
+    r.best_val_loss = min(r.best_val_loss, losses['val'])
+    if moved and not c['eval_only'] and (improved or c['always_save_checkpoint']):
+        save(r, 'eval')
+    return time.time() - t0
+
+
+@torch.no_grad()
+def estimate_loss(r):
+    """Mean loss over eval_iters batches per split, the ranks splitting them. 'fixed' windows are
+    one set for the whole run; 'fresh' ones are drawn anew at every evaluation step. Either way
+    they depend on (data_seed, step) alone: every variant is measured on identical tokens."""
+    c, batch, out = r.c, r.c['batch_size'], {}
+    r.step_model.eval()
+    for split_id, split in enumerate(('train', 'val')):
+        key = (c['data_seed'], EVAL_KEY + split_id)
+        key += (r.iter_num,) if c['eval_windows'] == 'fresh' else ()
+        starts = r.data.starts(split, c['eval_iters'] * batch, *key)
+        total = torch.zeros(2, dtype=torch.float64, device=r.dev.device)
+        for i in range(r.d.rank, c['eval_iters'], r.d.world):
+            x, y = r.data.batch(split, starts[i * batch:(i + 1) * batch], r.dev.device)
+            with r.dev.ctx:
+                _, loss = r.step_model(x, y)
+            total += torch.stack([loss.double(), torch.ones_like(total[0])])
+        if r.d.ddp:
+            dist.all_reduce(total)
+        out[split] = (total[0] / total[1]).item()
+    r.step_model.train()
+    return out
+
+
+@torch.no_grad()
+def full_val_loss(r):
+    """The mean loss over every token of the val split once, in order (common.Dataset.tiling):
+    no sampling noise, and the same tokens for every run, seed and world size. The number a
+    verdict between variants uses; computed at the final evaluation only."""
+    r.model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=r.dev.device)
+    for starts, length in r.data.tiling('val', r.c['batch_size'])[r.d.rank::r.d.world]:
+        x, y = r.data.batch('val', starts, r.dev.device, length)
+        with r.dev.ctx:
+            _, loss = r.model(x, y)
+        count = torch.tensor(float(y.numel()), device=total.device)
+        total += torch.stack([loss.double() * y.numel(), count])
+    if r.d.ddp:
+        dist.all_reduce(total)
+    r.model.train()
+    return (total[0] / total[1]).item()
+
+
+# -----------------------------------------------------------------------------
+# checkpoints, and what every rank must agree on
+
+def save(r, reason, name='ckpt.pt'):
+    """Write a checkpoint atomically from rank 0. The ranks agree on failure first, so a save that
+    fails on rank 0 ends every rank with its message instead of a hang."""
+    states = rng_state(r.dev.device, r.d.ddp)  # a collective: every rank takes part
+    path = os.path.join(r.c['out_dir'], name)
+    error = write_checkpoint(r, states, path) if r.d.master else None
+    if any_rank(r, error is not None):
+        raise UserError(error or f"rank 0 could not save {path} at iter {r.iter_num} "
+                                 "(see its error)")
+    if r.d.master:
+        print(f"saved {path} at iter {r.iter_num} ({reason})")
+
+
+def write_checkpoint(r, states, path):
+    """None once written, else why not; the file at path stays as it was either way."""
+    if not params_finite(r.model):
+        return (f"parameters are non-finite at iter {r.iter_num}; not saving, {path} is "
+                "untouched")
+    try:
+        save_checkpoint(dict(
+            model=r.model.state_dict(), optimizer=r.optimizer.state_dict(),
+            model_args=asdict(r.model.config), iter_num=r.iter_num,
+            best_val_loss=r.best_val_loss, config=r.c, meta=r.data.meta, rng=states,
+            tokens_seen=r.iter_num * r.tokens_per_iter,
+            scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None), path)
+    except OSError as e:
+        return f"cannot write {path} ({e.strerror or e}); the previous file there is untouched"
+    return None
+
+
+def restore(r, ckpt):
+    if 'optimizer' in ckpt:
+        r.optimizer.load_state_dict(ckpt['optimizer'])
+    elif r.d.master:
+        print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a "
+              "fresh AdamW")
+    if ckpt.get('scaler'):
+        r.scaler.load_state_dict(ckpt['scaler'])
+    r.iter_num, r.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
+    set_rng_state(ckpt.get('rng', []), r.d.rank, r.dev.device)
+
+
+def any_rank(r, flag):
+    """True when flag is set on any rank: every rank takes the same branch, so none is left
+    waiting in a collective the others never reach. Outside DDP, no sync for a Python bool."""
+    if not r.d.ddp:
+        return bool(flag)
+    t = flag.float().reshape(1) if torch.is_tensor(flag) else \
+        torch.tensor([float(flag)], device=r.dev.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item() > 0
+
+
+def check_finite(r, step):
+    if any_rank(r, step.nonfinite):
+        raise UserError(f"the loss became non-finite by iter {r.iter_num}; the last good "
+                        f"checkpoint in {r.c['out_dir']} is untouched: lower learning_rate, "
+                        "use dtype=bfloat16, or resume from it")
+
+
+def stop_requested(r):
+    """A signal arrived on any rank. Under DDP that is one all-reduce, so it is asked only at log
+    steps: still well inside torchrun's grace period, and no per-step host sync."""
+    if not r.d.ddp:
+        return r.signal is not None
+    at_log_step = r.iter_num % r.c['log_interval'] == 0
+    return at_log_step and any_rank(r, r.signal is not None)
+
+
+# -----------------------------------------------------------------------------
+# setup: the world, the out_dir, the data, the model, the schedule
 
 def check_settings(c, world):
     if c['gradient_accumulation_steps'] % world:
@@ -415,309 +723,6 @@ class Clock:
         dt = (now - self.mark[1]) / (iter_num - self.mark[0])
         self.mark = (iter_num, now)
         return dt
-
-
-# -----------------------------------------------------------------------------
-# the run: what setup() makes, and the loop that changes it
-
-@dataclass
-class Run:
-    c: dict  # the settings
-    d: Dist  # this process's place in the world
-    dev: DeviceSetup  # device, dtype, autocast
-    data: Dataset
-    model: GPT  # the raw model: checkpoints, evaluation, probes
-    step_model: torch.nn.Module  # the same, compiled and/or wrapped for DDP: the training steps
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    log: Logger  # rank 0's; None elsewhere
-    probe: object  # the evaluation hook (evaluation_probe); None without diagnostics
-    iter_num: int = 0
-    best_val_loss: float = math.inf
-    signal: int = None  # set by SIGTERM or SIGINT: save at the next step and stop
-
-    @property
-    def accum(self):  # micro-steps per process
-        return self.c['gradient_accumulation_steps'] // self.d.world
-
-    @property
-    def tokens_per_iter(self):
-        c = self.c
-        return c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
-
-
-def setup(c, d):
-    """The run: data, model (from scratch, a checkpoint or GPT-2), optimizer, log."""
-    check_settings(c, d.world)
-    dev = setup_device(d.device, c['dtype'], c['compile'])
-    torch.manual_seed(c['seed'] + d.rank)
-    data = open_data(c, d.master, d.ddp)
-    if d.master:
-        print_overrides(c, DEFAULTS)
-    model, ckpt = build_model(c, data.meta, d.master)
-    config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
-    model.to(dev.device)
-    scaler = torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16')
-    optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'],
-                                           (c['beta1'], c['beta2']), dev.type)
-    step_model = torch.compile(model) if dev.compile else model
-    if d.ddp:
-        ids = [torch.device(dev.device).index] if dev.type == 'cuda' else None
-        step_model = DDP(step_model, device_ids=ids)
-    r = Run(c, d, dev, data, model, step_model, optimizer, scaler, None, None)
-    if ckpt is not None:
-        restore(r, ckpt)
-    if d.master:  # eval_only writes no config.json: that is the training run's
-        r.log = Logger(c['out_dir'], None if c['eval_only'] else config, r.iter_num,
-                       init_wandb(c))
-        r.probe = evaluation_probe(c, data, dev.device)
-        print(f"tokens per iteration: {r.tokens_per_iter:,} "
-              f"({c['gradient_accumulation_steps']} x {c['batch_size']} x {c['block_size']}, "
-              f"{d.world} process(es)); starting at iter {r.iter_num}")
-    return r
-
-
-def train_loop(r):
-    """nanoGPT's loop: the learning rate, evaluate and save, the micro-steps, clip and step,
-    log, stop. The batches of step k are drawn from (data_seed, k) alone."""
-    c, start_iter, keep = r.c, r.iter_num, set(r.c['keep_checkpoints'])
-    clock, step = Clock(start_iter), StepStats(r.dev.device)
-    while True:
-        lr = lr_at(r.iter_num, c)
-        last = r.iter_num >= c['max_iters'] or c['eval_only']
-        if r.iter_num % c['eval_interval'] == 0 or last:
-            clock.pause(evaluate(r, step, moved=r.iter_num > start_iter))
-        if last:
-            return
-        for group in r.optimizer.param_groups:
-            group['lr'] = lr
-        micro_steps(r, step)
-        if c['grad_clip'] > 0:
-            r.scaler.unscale_(r.optimizer)
-            step.grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), c['grad_clip'])
-        elif r.iter_num % c['log_interval'] == c['log_interval'] - 1:  # the step logged next
-            r.scaler.unscale_(r.optimizer)
-            grads = [p.grad for p in r.model.parameters() if p.grad is not None]
-            step.grad_norm = torch.nn.utils.get_total_norm(grads)
-        r.scaler.step(r.optimizer)
-        r.scaler.update()
-        r.optimizer.zero_grad(set_to_none=True)
-        r.iter_num += 1
-        clock.tick(r.iter_num)
-        if r.iter_num in keep:
-            check_finite(r, step)
-            save(r, 'kept', f'ckpt_{r.iter_num}.pt')
-        if r.iter_num % c['log_interval'] == 0:
-            log_step(r, step, lr, clock.step_time(r.iter_num))
-        if stop_requested(r):
-            check_finite(r, step)
-            save(r, 'signal')
-            if r.d.master:
-                print(f"stopped by a signal at iter {r.iter_num}; continue with "
-                      "--init_from=resume (or auto)")
-            return
-
-
-class StepStats:
-    """The last step's loss sum and gradient norm, and whether any loss was non-finite: kept on
-    the device, read only at log steps (no host sync per step)."""
-
-    def __init__(self, device):
-        self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-        self.grad_norm = torch.zeros((), dtype=torch.float32, device=device)
-
-
-def micro_steps(r, step):
-    """Forward and backward over this process's share of the step's global batch."""
-    c, batch = r.c, r.c['batch_size']
-    starts = r.data.starts('train', c['gradient_accumulation_steps'] * batch, c['data_seed'],
-                           r.iter_num)
-    step.loss_sum.zero_()
-    for micro in range(r.accum):
-        m = r.d.rank * r.accum + micro  # this micro-batch's index in the global batch
-        x, y = r.data.batch('train', starts[m * batch:(m + 1) * batch], r.dev.device)
-        # DDP averages over ranks; dividing by the local accumulation makes the global mean
-        last = micro == r.accum - 1
-        with r.step_model.no_sync() if r.d.ddp and not last else nullcontext():
-            with r.dev.ctx:
-                _, loss = r.step_model(x, y)
-            r.scaler.scale(loss / r.accum).backward()
-        loss = loss.detach()
-        step.nonfinite |= ~torch.isfinite(loss)
-        step.loss_sum += loss.float()
-
-
-def log_step(r, step, lr, dt):
-    c = r.c
-    check_finite(r, step)
-    mean_loss = step.loss_sum / r.accum  # the step's global-batch mean, as after a resume
-    if r.d.ddp:
-        dist.all_reduce(mean_loss)
-        mean_loss /= r.d.world
-    loss, grad_norm = mean_loss.item(), step.grad_norm.item()
-    peak = device_peak_flops(r.dev.device)
-    mfu = dt and r.model.estimate_mfu(r.tokens_per_iter // r.d.world, dt, peak, c['block_size'])
-    eta = dt and dt * (c['max_iters'] - r.iter_num)
-    if not r.d.master:
-        return
-    timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
-    mfu_text = f", mfu {mfu * 100:.1f}%" if mfu else ""
-    print(f"iter {r.iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}{timing}"
-          f"{mfu_text}")
-    r.log(iter=r.iter_num, tokens=r.iter_num * r.tokens_per_iter, lr=lr, loss=loss,
-          grad_norm=grad_norm, dt_ms=dt and dt * 1000, tokens_per_s=dt and r.tokens_per_iter / dt,
-          mfu=mfu, eta_s=eta)
-
-
-# -----------------------------------------------------------------------------
-# evaluation
-
-def evaluate(r, step, moved):
-    """The losses on both splits (and the full val loss at the end), the probes, the log line,
-    then a checkpoint; the seconds it took (the step times leave them out)."""
-    c, t0 = r.c, time.time()
-    check_finite(r, step)
-    losses = estimate_loss(r)
-    entry = dict(iter=r.iter_num, tokens=r.iter_num * r.tokens_per_iter,
-                 train_loss=losses['train'], val_loss=losses['val'])
-    if r.iter_num >= c['max_iters'] or c['eval_only']:
-        entry['val_loss_full'] = full_val_loss(r)
-    if r.probe is not None:
-        r.model.eval()
-        with r.dev.ctx:
-            entry.update(r.probe(r.model))
-        r.model.train()
-    entry['eval_s'] = time.time() - t0  # what evaluating costs
-    if r.d.master:
-        full = entry.get('val_loss_full')
-        full = f", full val loss {full:.4f}" if full is not None else ''
-        print(f"iter {r.iter_num}: train loss {losses['train']:.4f}, "
-              f"val loss {losses['val']:.4f}{full}")
-        r.log(**entry)
-    if not math.isfinite(losses['val']):
-        raise UserError(f"val loss is non-finite at iter {r.iter_num}; the checkpoints in "
-                        f"{c['out_dir']} are untouched")
-    improved = losses['val'] < r.best_val_loss
-    r.best_val_loss = min(r.best_val_loss, losses['val'])
-    if moved and not c['eval_only'] and (improved or c['always_save_checkpoint']):
-        save(r, 'eval')
-    return time.time() - t0
-
-
-@torch.no_grad()
-def estimate_loss(r):
-    """Mean loss over eval_iters batches per split, the ranks splitting them. 'fixed' windows are
-    one set for the whole run; 'fresh' ones are drawn anew at every evaluation step. Either way
-    they depend on (data_seed, step) alone: every variant is measured on identical tokens."""
-    c, batch, out = r.c, r.c['batch_size'], {}
-    r.step_model.eval()
-    for split_id, split in enumerate(('train', 'val')):
-        key = (c['data_seed'], EVAL_KEY + split_id)
-        key += (r.iter_num,) if c['eval_windows'] == 'fresh' else ()
-        starts = r.data.starts(split, c['eval_iters'] * batch, *key)
-        total = torch.zeros(2, dtype=torch.float64, device=r.dev.device)
-        for i in range(r.d.rank, c['eval_iters'], r.d.world):
-            x, y = r.data.batch(split, starts[i * batch:(i + 1) * batch], r.dev.device)
-            with r.dev.ctx:
-                _, loss = r.step_model(x, y)
-            total += torch.stack([loss.double(), torch.ones_like(total[0])])
-        if r.d.ddp:
-            dist.all_reduce(total)
-        out[split] = (total[0] / total[1]).item()
-    r.step_model.train()
-    return out
-
-
-@torch.no_grad()
-def full_val_loss(r):
-    """The mean loss over every token of the val split once, in order (common.Dataset.tiling):
-    no sampling noise, and the same tokens for every run, seed and world size. The number a
-    verdict between variants uses; computed at the final evaluation only."""
-    r.model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=r.dev.device)
-    for starts, length in r.data.tiling('val', r.c['batch_size'])[r.d.rank::r.d.world]:
-        x, y = r.data.batch('val', starts, r.dev.device, length)
-        with r.dev.ctx:
-            _, loss = r.model(x, y)
-        count = torch.tensor(float(y.numel()), device=total.device)
-        total += torch.stack([loss.double() * y.numel(), count])
-    if r.d.ddp:
-        dist.all_reduce(total)
-    r.model.train()
-    return (total[0] / total[1]).item()
-
-
-# -----------------------------------------------------------------------------
-# checkpoints, and what every rank must agree on
-
-def save(r, reason, name='ckpt.pt'):
-    """Write a checkpoint atomically from rank 0. The ranks agree on failure first, so a save that
-    fails on rank 0 ends every rank with its message instead of a hang."""
-    states = rng_state(r.dev.device, r.d.ddp)  # a collective: every rank takes part
-    path = os.path.join(r.c['out_dir'], name)
-    error = write_checkpoint(r, states, path) if r.d.master else None
-    if any_rank(r, error is not None):
-        raise UserError(error or f"rank 0 could not save {path} at iter {r.iter_num} "
-                                 "(see its error)")
-    if r.d.master:
-        print(f"saved {path} at iter {r.iter_num} ({reason})")
-
-
-def write_checkpoint(r, states, path):
-    """None once written, else why not; the file at path stays as it was either way."""
-    if not params_finite(r.model):
-        return (f"parameters are non-finite at iter {r.iter_num}; not saving, {path} is "
-                "untouched")
-    try:
-        save_checkpoint(dict(
-            model=r.model.state_dict(), optimizer=r.optimizer.state_dict(),
-            model_args=asdict(r.model.config), iter_num=r.iter_num,
-            best_val_loss=r.best_val_loss, config=r.c, meta=r.data.meta, rng=states,
-            tokens_seen=r.iter_num * r.tokens_per_iter,
-            scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None), path)
-    except OSError as e:
-        return f"cannot write {path} ({e.strerror or e}); the previous file there is untouched"
-    return None
-
-
-def restore(r, ckpt):
-    if 'optimizer' in ckpt:
-        r.optimizer.load_state_dict(ckpt['optimizer'])
-    elif r.d.master:
-        print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a "
-              "fresh AdamW")
-    if ckpt.get('scaler'):
-        r.scaler.load_state_dict(ckpt['scaler'])
-    r.iter_num, r.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
-    set_rng_state(ckpt.get('rng', []), r.d.rank, r.dev.device)
-
-
-def any_rank(r, flag):
-    """True when flag is set on any rank: every rank takes the same branch, so none is left
-    waiting in a collective the others never reach. Outside DDP, no sync for a Python bool."""
-    if not r.d.ddp:
-        return bool(flag)
-    t = flag.float().reshape(1) if torch.is_tensor(flag) else \
-        torch.tensor([float(flag)], device=r.dev.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item() > 0
-
-
-def check_finite(r, step):
-    if any_rank(r, step.nonfinite):
-        raise UserError(f"the loss became non-finite by iter {r.iter_num}; the last good "
-                        f"checkpoint in {r.c['out_dir']} is untouched: lower learning_rate, "
-                        "use dtype=bfloat16, or resume from it")
-
-
-def stop_requested(r):
-    """A signal arrived on any rank. Under DDP that is one all-reduce, so it is asked only at log
-    steps: still well inside torchrun's grace period, and no per-step host sync."""
-    if not r.d.ddp:
-        return r.signal is not None
-    at_log_step = r.iter_num % r.c['log_interval'] == 0
-    return at_log_step and any_rank(r, r.signal is not None)
 
 
 # -----------------------------------------------------------------------------

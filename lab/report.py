@@ -3,8 +3,7 @@ Compare finished runs: loss curves, a table, and, for runs repeated over paired 
 paired gap against the first variant with the verdict of the decision rule stated below.
 
     python -m lab.report out-small/baseline out-small/reduced --png=loss.png --md=table.md
-    python -m lab.report out-repro/baseline_wd0.1_s{1,2,3} out-repro/reduced_wd0.03125_s{1,2,3} \
-        --md=repro.md --gap_png=gap.png --diag_png=diag.png
+    python -m lab.report out/baseline_s{1,2,3} out/reduced_s{1,2,3} --gap_png=gap.png
     python -m lab.report out-repro/*_s1 --sweep=True --md=sweep.md --png=sweep.png
 
 The first run (the first variant) is the reference. Runs whose names differ only by a final
@@ -322,10 +321,14 @@ def plot_sweep(runs, path):
         members = sorted(members, key=lambda r: r['config']['weight_decay'])
         ax.plot([r['config']['weight_decay'] for r in members], [final(r) for r in members],
                 marker='o', label=arm, color=variant_color(arm, i))
-    ax.set(xscale='log', xlabel='weight decay', ylabel='final val loss',
-           title='each arm at matched weight decay')
+    positive = [r['config']['weight_decay'] for r in runs if r['config']['weight_decay'] > 0]
+    # a log axis would drop weight decay 0: linear below the smallest positive value
+    ax.set_xscale('symlog', linthresh=min(positive, default=1.0))
+    ax.set(xlabel='weight decay (logarithmic above the smallest positive value; 0 shown)',
+           ylabel='final val loss', title='each arm at matched weight decay')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    warn(fig, runs)
     save_figure(fig, path)
 
 

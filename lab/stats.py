@@ -34,6 +34,12 @@ def interval95(values):
     return m, m - half, m + half
 
 
+def slope(xs, ys):
+    """The least-squares slope of ys against xs (scipy's linregress)."""
+    from scipy.stats import linregress
+    return float(linregress(xs, ys).slope)
+
+
 def signed_sums(values):
     """The sum of values under each of the 2^n patterns of signs."""
     sums = [0.0]

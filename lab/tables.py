@@ -278,9 +278,7 @@ def trajectories(ctx, arm, ref, seeds, budget=1.0):
 
 def slope(points):
     """Least-squares slope of [(step, gap)], in % per 100 steps."""
-    xs, ys = [p[0] / 100 for p in points], [p[1] for p in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return stats.slope([p[0] / 100 for p in points], [p[1] for p in points])
 
 
 def complete_trajectories(ctx, comparisons):

@@ -79,10 +79,7 @@ def seed_slopes(ctx, pair, budgets, seeds):
     slopes = {}
     for seed, points in series.items():
         if len(points) == len(budgets) + 1:
-            xs = [math.log2(t) for t, _ in points]
-            mx, my = sum(xs) / len(xs), sum(g for _, g in points) / len(points)
-            slopes[seed] = (sum((x - mx) * (g - my) for x, (_, g) in zip(xs, points))
-                            / sum((x - mx) ** 2 for x in xs))
+            slopes[seed] = stats.slope([math.log2(t) for t, _ in points], [g for _, g in points])
     return series, slopes
 
 

@@ -39,6 +39,9 @@ def test_help_lists_every_key_with_its_default_type_and_a_description(name, caps
             f"{name}: --{key} lacks its type or description"
     assert out.splitlines()[0] == script.__doc__.strip().splitlines()[0]
     assert 'A bool takes True or False (or true, false)' in out
+    usage = out.split('Arguments are config files')[0]
+    # an example continued with a backslash in the docstring is joined there: a run of spaces
+    assert not re.search(r'\S {4,}--', usage), name
 
 
 def test_train_help_groups_its_keys():

@@ -101,14 +101,6 @@ def test_report_aggregates_paired_seeds_and_states_the_verdict(tmp_path):
     assert [b for b, _ in report.BANDS] == [0.0, 0.3, -0.3]
 
 
-@pytest.mark.parametrize('gaps,word', [([1.0, 1.1, 0.9], 'worse'), ([-0.5, -0.6, -0.4], 'better'),
-                                       ([0.1, -0.1, 0.05], 'matches'),
-                                       ([2.0, -1.5, 0.3], 'could not tell'),
-                                       ([0.2], 'could not tell'), ([0.1, 0.1, 0.1], 'worse')])
-def test_decision_rule(gaps, word):
-    assert stats.compare([gaps])[0]['verdict'] == word
-
-
 def test_report_sweep_table_and_diagnostics_figure(tmp_path):
     pytest.importorskip('matplotlib', reason=PLOTS)
     dirs = [fake_run(tmp_path, f'{arm}_wd{wd}_s1', [3.0, v], 1, wd=wd, diagnostics=True, query=q)
@@ -208,3 +200,14 @@ def test_runs_of_different_lengths_get_a_warning_in_table_and_figure(tmp_path, m
     fig = figure_of(monkeypatch, lambda: report.plot(runs, 'x.png', 0.9))
     assert fig._suptitle.get_text().startswith('warning: these runs differ in steps')
     assert report.mismatch(runs[:1] * 2) is None
+
+
+def test_the_sweep_figure_shows_weight_decay_zero(tmp_path, monkeypatch):
+    dirs = [fake_run(tmp_path, f'baseline_wd{wd}_s1', [3.0, 2.0 + wd], 1, wd=wd)
+            for wd in (0.0, 0.03125, 0.1)]
+    runs = [report.read_run(d) for d in dirs]
+    fig = figure_of(monkeypatch, lambda: report.plot_sweep(runs, 'x.png'))
+    ax = fig.axes[0]
+    assert ax.get_xscale() == 'symlog' and list(ax.get_lines()[0].get_xdata()) == [0.0, 0.03125,
+                                                                                  0.1]
+    assert ax.get_xlim()[0] < 0 < ax.get_xlim()[1]  # 0 is inside the axis, not off its edge
