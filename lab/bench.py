@@ -288,7 +288,8 @@ def attention_by(kernel, q, k, v, sdpa_kernel):
                                                                     scale=scale)
     mask = causal_mask(q.size(-2), k.size(-2), q.device)
     scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask, float('-inf'))
-    return scores.softmax(-1, dtype=torch.float32).to(v.dtype) @ v
+    # bf16 scores softmax in fp32, as the fused kernels do; fp64 stays fp64
+    return scores.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(v.dtype) @ v
 
 
 def bench_summary(c):
