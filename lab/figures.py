@@ -137,7 +137,7 @@ def lag_figure(ctx, path, comparisons, levels):
     for i, (c, lags) in enumerate(drawn):
         shown = [lv for lv in levels if lv in lags]
         found = [stats.interval95(list(lags[lv].values())) for lv in shown]
-        color = report.variant_color(c['arm'], i)
+        color = f'C{i % 10}'  # the arms share variants: one colour per comparison
         ax.plot(shown, [m for m, _, _ in found], marker='o', ms=3, color=color,
                 label=f"{c['label']} {c['arm']} − {c['ref']}")
         ax.fill_between(shown, [lo for _, lo, _ in found], [hi for _, _, hi in found],
@@ -152,36 +152,46 @@ def lag_figure(ctx, path, comparisons, levels):
 
 
 def logits_figure(ctx, path, arms, seeds, lag):
-    """Each arm's first-layer attention-logit std and normalised entropy against the step (means
-    over its seeds), and beside them the step lag of each comparison in `lag`."""
+    """Each arm's attention-logit std (top row) and normalised entropy (bottom row) against the
+    step, one column per layer (means over its seeds), and beside them the step lag of each
+    comparison in `lag`."""
     done = [a for a in arms if len(ctx.done(a, seeds)) == len(seeds)]
     if not done:
         return None
-    fig, axes = report.pyplot().subplots(1, 3, figsize=(15, 4.6))
-    for i, arm in enumerate(done):
-        steps = sorted(e['iter'] for e in ctx.log(ctx.done(arm, seeds)[0]) if 'diagnostics' in e)
-        color = report.variant_color(arm, i)
-        for ax, key in zip(axes, ('logit_std', 'entropy_norm')):
-            ax.plot(steps, [tables.diag_mean(ctx, arm, seeds, k, key, 0) for k in steps],
-                    color=color, label=arm)
-    for ax, title in zip(axes, ('layer 0: attention-logit std (after the scale)',
-                                'layer 0: attention entropy / ln t')):
-        ax.set(xlabel='step', title=title)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    lag_panel(ctx, axes[2], lag['comparisons'], lag['levels'])
+    first = ctx.log(ctx.done(done[0], seeds)[0])
+    layers = len(next(e for e in first if 'diagnostics' in e)['diagnostics']['logit_std'])
+    colors = {arm: f'C{i % 10}' for i, arm in enumerate(arms)}  # one per arm, in both panels
+    fig = report.pyplot().figure(figsize=(3.4 * (layers + 1), 7))
+    grid = fig.add_gridspec(2, layers + 1)
+    for row, (key, what) in enumerate((('logit_std', 'attention-logit std (after the scale)'),
+                                       ('entropy_norm', 'attention entropy / ln t'))):
+        for layer in range(layers):
+            ax = fig.add_subplot(grid[row, layer])
+            for arm in done:
+                steps = sorted(e['iter'] for e in ctx.log(ctx.done(arm, seeds)[0])
+                               if 'diagnostics' in e)
+                ax.plot(steps, [tables.diag_mean(ctx, arm, seeds, k, key, layer) for k in steps],
+                        color=colors[arm], label=arm)
+            ax.set(xlabel='step', title=f'layer {layer}: {what}')
+            ax.title.set_fontsize(8)
+            ax.grid(alpha=0.3)
+            if row == 0 and layer == 0:
+                ax.legend(fontsize=7)
+    lag_panel(ctx, fig.add_subplot(grid[:, layers]), lag['comparisons'], lag['levels'], colors)
     report.save_figure(fig, path)
     return True
 
 
-def lag_panel(ctx, ax, comparisons, levels):
-    for i, c in enumerate(comparisons):
+def lag_panel(ctx, ax, comparisons, levels, colors):
+    """The mean step lag of each comparison whose seeds have all finished, in its arm's
+    colour."""
+    for c in comparisons:
         lags = tables.seed_lags(ctx, c, levels)
-        if not lags:
+        if not lags or len(next(iter(lags.values()))) < len(c['seeds']):
             continue
         shown = [lv for lv in levels if lv in lags]
         ax.plot(shown, [sum(lags[lv].values()) / len(lags[lv]) for lv in shown], marker='o',
-                ms=3, color=report.variant_color(c['arm'], i), label=f"{c['arm']} − {c['ref']}")
+                ms=3, color=colors[c['arm']], label=f"{c['arm']} − {c['ref']}")
     ax.axhline(0, color='black', lw=0.8)
     ax.invert_xaxis()
     ax.set(xlabel='fixed-window val loss reached', ylabel='steps later',

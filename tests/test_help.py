@@ -1,5 +1,6 @@
 """--help and -h on every script: every key its parser accepts, with default, type and one line."""
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -52,12 +53,37 @@ def test_train_help_groups_its_keys():
     assert groups == ['run', 'data', 'model', 'optimiser', 'schedule', 'system']
 
 
+# every script run as `__main__` with --help, in one interpreter (torch imported once): each
+# entry point, as `python train.py --help` or `python -m lab.study --help` runs it
+MAINS = """
+import contextlib, io, json, runpy, sys
+said = {}
+for name in sys.argv[1:]:
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv = [name, '--help']
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            if '.' in name:
+                runpy.run_module(name, run_name='__main__', alter_sys=True)
+            else:
+                runpy.run_path(name + '.py', run_name='__main__')
+            code = None
+        except SystemExit as stop:
+            code = stop.code
+    said[name] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(said))
+"""
+
+
 @pytest.mark.slow
 def test_help_from_the_command_line_exits_zero():
-    """--help on every script's command line, -h on one (the same branch of common.parse_config)."""
-    calls = [(name, '--help') for name in SCRIPTS] + [('train', '-h')]
-    procs = [subprocess.Popen(command(name) + [flag], cwd=HERE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for name, flag in calls]
-    for (name, flag), proc in zip(calls, procs):
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0 and err == '' and '  --' in out, (name, flag, err[-300:])
+    """--help on every script's entry point, and -h on train.py's real command line (the same
+    branch of common.parse_config)."""
+    r = subprocess.run([sys.executable, '-c', MAINS, *SCRIPTS], cwd=HERE, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name, (code, out, err) in json.loads(r.stdout.splitlines()[-1]).items():
+        assert code == 0 and err == '' and '  --' in out, (name, code, err[-300:])
+    r = subprocess.run(command('train') + ['-h'], cwd=HERE, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stderr == '' and '  --' in r.stdout, r.stderr[-300:]

@@ -126,6 +126,8 @@ def test_openwebtext_path_on_local_files_with_its_schema(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.slow
 def test_pydocs_is_deterministic_english_over_a_megabyte():
     docs = prepare.pydocs_documents()
     # made again from scratch, not the cached copy
@@ -136,6 +138,7 @@ def test_pydocs_is_deterministic_english_over_a_megabyte():
     assert len(text.encode()) > 1_000_000 and text.count(' the ') > 10_000
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_pysource_is_the_standard_library_source_one_module_a_document():
     docs = prepare.pysource_documents()

@@ -151,7 +151,9 @@ def test_sample_cli_end_to_end(trained):
     assert a.returncode == 0, a.stderr
     assert a.stdout == b.stdout  # same seed, same samples
     assert a.stdout.count('---------- sample') == 2 and 'def ' in a.stdout
-    assert cli(*args, '--seed=2').stdout != a.stdout
+    same = dict(sample.DEFAULTS, out_dir=out, start='def ', num_samples=2, max_new_tokens=30,
+                device='cpu')
+    assert sample.sample(same) != sample.sample(dict(same, seed=2))  # another seed, others
 
 
 def test_sample_texts_and_no_cache_agree(trained):
@@ -176,6 +178,7 @@ def test_bad_sampling_input(kw, message):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('trained', ['byte'], indirect=True)  # the CLI's errors: one tokenizer
 def test_corrupt_checkpoint_and_long_prompt(tmp_path, trained):
     _, out = trained
     bad = tmp_path / 'bad'

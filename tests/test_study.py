@@ -385,9 +385,12 @@ def test_a_new_study_file_runs_commits_and_reports_and_its_print_lines_do_the_sa
     script = capsys.readouterr().out
     assert len(lines) == len(script.splitlines()) == 4
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
-    r = subprocess.run(['bash', '-e', '-c', script], cwd=HERE, env=env, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    halves = ['\n'.join(script.splitlines()[i::2]) for i in (0, 1)]  # two shells, as two nodes
+    shells = [subprocess.Popen(['bash', '-e', '-c', half], cwd=HERE, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for half in halves]
+    for shell in shells:
+        _, err = shell.communicate(timeout=600)
+        assert shell.returncode == 0, err[-2000:]
     S.main([path, f'--root={other}', f'--work_root={other_work}', '--collect=True'])
     assert 'collected 4 run(s)' in capsys.readouterr().out
     again = docs.blocks(P.load_study(path), other)
@@ -453,13 +456,16 @@ def test_docs_blocks_match_the_committed_logs():
         "docs/experiments.md is stale: run python -m lab.study lab/studies/*.py --report=True"
 
 
-@pytest.mark.parametrize('name', ['v2', 'v3'])
-def test_v2_and_v3_figures_regenerate_byte_for_byte(name, tmp_path):
+@pytest.mark.parametrize('name', ['v2', 'v3', 'v4'])
+def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
+    """v2's and v3's figures, and each of v4's that its committed runs can draw so far."""
     pytest.importorskip('matplotlib', reason=PLOTS)
     import matplotlib
     s = load(name)
     drawn = docs.write_figures(s, os.path.join(HERE, 'experiments'), str(tmp_path))
-    assert sorted(drawn) == sorted(s.figures)
+    assets = os.path.join(HERE, 'docs', 'assets')
+    present = [png for png in s.figures if os.path.exists(os.path.join(assets, png))]
+    assert sorted(drawn) == sorted(s.figures if name != 'v4' else present)
     for png in drawn:
         committed = open(os.path.join(HERE, 'docs', 'assets', png), 'rb').read()
         made = (tmp_path / png).read_bytes()

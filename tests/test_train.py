@@ -122,6 +122,7 @@ def test_batches_are_matched_across_variants(data_root, tmp_path, monkeypatch):
 
 
 @pytest.mark.xdist_group('torchrun')
+@pytest.mark.long
 @pytest.mark.slow
 def test_ddp_two_processes_match_one_with_double_accumulation(data_root, tmp_path):
     common = dict(dropout=0.0, max_iters=8, eval_interval=4, lr_decay_iters=8, diagnostics=False)
@@ -285,6 +286,7 @@ def test_resume_survives_a_log_line_cut_short(data_root, tmp_path):
 
 
 @pytest.mark.xdist_group('torchrun')
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigterm_under_torchrun_saves_once_for_all_ranks(data_root, tmp_path):
     """torchrun forwards SIGTERM to every worker; the ranks agree on one step and rank 0 saves."""
@@ -425,6 +427,7 @@ def test_the_probes_hook_logs_them_and_trains_the_same(data_root, tmp_path):
 
 
 @pytest.mark.xdist_group('torchrun')
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_save_failure_on_rank_0_ends_both_ranks(data_root, tmp_path):
     out = tmp_path / 'ddp'
@@ -438,6 +441,7 @@ def test_a_save_failure_on_rank_0_ends_both_ranks(data_root, tmp_path):
     assert "error: rank 0 could not save" in r.stderr
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_pydocs_is_prepared_by_the_first_run_that_needs_it(tmp_path):
     """Two runs started together on a data_root without pydocs: one prepares it, once, in one
@@ -538,6 +542,7 @@ def children(pid):
 
 
 @pytest.mark.xdist_group('torchrun')
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_killed_worker_is_restarted_by_torchrun_and_costs_nothing(data_root, tmp_path):
     """torchrun --max-restarts reruns the same command after a worker is SIGKILLed;

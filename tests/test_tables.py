@@ -1,0 +1,63 @@
+"""lab/tables.py's step lag on curves with known answers: the delay v4 measures."""
+import pytest
+
+from lab import tables
+
+
+def curve(delay, evals=range(0, 1300, 100)):
+    """A loss falling 1 nat per 1000 steps from 3.0 after `delay` steps, evaluated every 100
+    steps: linear between the evaluations around each crossing, so interpolation is exact."""
+    return {t: 3.0 - max(t - delay, 0) / 1000 for t in evals}
+
+
+class Logs:
+    """Just enough of a study's Context for seed_lags: each (arm, seed) has a log and a loss."""
+
+    def __init__(self, delays, unfinished=()):
+        self.delays, self.unfinished = delays, unfinished
+
+    def at(self, arm, seed, budget):
+        return (arm, seed)
+
+    def loss(self, run):
+        return None if run in self.unfinished or run not in self.delays else 1.2
+
+    def log(self, run):
+        return [dict(iter=t, val_loss=v) for t, v in curve(self.delays[run]).items()]
+
+
+def test_a_crossing_is_interpolated_between_the_evaluations_around_it():
+    series = {0: 3.0, 100: 2.0, 200: 1.5, 300: 1.6, 400: 1.0}
+    assert tables.crossing(series, 2.5) == 50
+    assert tables.crossing(series, 1.75) == 150
+    assert tables.crossing(series, 1.55) == pytest.approx(190)  # the first time, not 300-400
+    assert tables.crossing(series, 0.9) is None
+
+
+def test_the_lag_is_the_steps_the_arm_needs_beyond_its_reference_seed_by_seed():
+    ctx = Logs({('arm', 1): 30, ('ref', 1): 0, ('arm', 2): 50, ('ref', 2): 0})
+    c = dict(arm='arm', ref='ref', seeds=(1, 2))
+    lags = tables.seed_lags(ctx, c, (2.5, 2.0, 1.5))
+    assert sorted(lags) == [2.0, 2.5]  # neither reaches 1.5 (the baseline ends at 1.8)
+    for level in lags:
+        assert lags[level] == pytest.approx({1: 30.0, 2: 50.0})
+    assert tables.mean_lags(lags, (2.0, 1.5)) == pytest.approx({1: 30.0, 2: 50.0})
+
+
+def test_a_level_only_one_arm_reaches_and_an_unfinished_seed_are_left_out():
+    ctx = Logs({('arm', 1): 900, ('ref', 1): 0, ('arm', 2): 10, ('ref', 2): 0},
+               unfinished={('arm', 2)})
+    c = dict(arm='arm', ref='ref', seeds=(1, 2))
+    lags = tables.seed_lags(ctx, c, (2.9, 2.5))
+    assert lags == {2.9: pytest.approx({1: 900.0})}  # the arm ends at 2.7: 2.5 is left out
+
+
+def test_the_lag_table_gives_the_mean_and_its_interval_and_waits_for_missing_seeds():
+    ctx = Logs({('arm', 1): 30, ('ref', 1): 0, ('arm', 2): 50, ('ref', 2): 0})
+    c = dict(label='1', arm='arm', ref='ref', seeds=(1, 2))
+    text = tables.lag_table(ctx, [c], (2.5, 2.0, 1.0))
+    # mean 40, sd 14.1 over 2 seeds: t(0.975, 1) = 12.71, so ±127
+    assert "| 1 arm − ref | +40 [-87, +167] | +40 [-87, +167] | not reached | +40 [-87, +167] |" \
+        in text
+    waiting = tables.lag_table(ctx, [dict(c, seeds=(1, 2, 3))], (2.5, 2.0))
+    assert waiting == "Not yet: arm − ref.\n"
