@@ -133,7 +133,7 @@ def lag_figure(ctx, path, comparisons, levels):
              == len(c['seeds'])]
     if not drawn:
         return None
-    fig, ax = report.pyplot().subplots(figsize=(7.5, 4.8))
+    fig, ax = report.pyplot().subplots(figsize=(10.5, 4.8))
     for i, (c, lags) in enumerate(drawn):
         shown = [lv for lv in levels if lv in lags]
         found = [stats.interval95(list(lags[lv].values())) for lv in shown]
@@ -146,7 +146,7 @@ def lag_figure(ctx, path, comparisons, levels):
     ax.set(xlabel='fixed-window val loss reached (falls to the right)', ylabel='steps later',
            title='the step lag at each loss (mean over paired seeds, 95% interval)')
     ax.invert_xaxis()
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))  # beside, not over, the lines
     report.save_figure(fig, path)
     return True
 

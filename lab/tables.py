@@ -545,27 +545,31 @@ def diag_mean(ctx, arm, seeds, step, key, layer=None):
 
 def logits_table(ctx, arms, seeds, steps):
     """Per arm, its attention logits' growth: the first layer's logit std and normalised entropy,
-    and the logit std over all layers, at some evaluation steps (means over the seeds)."""
+    and both as means over the layers, at some evaluation steps (means over the seeds)."""
     done = [a for a in arms if len(ctx.done(a, seeds)) == len(seeds)]
     if not done:
         return "Not yet: no arm has all its seeds.\n"
     cols = [f"{name} at {k}" for name in ("layer-0 logit std", "mean logit std",
-                                          "layer-0 entropy / ln t") for k in steps]
+                                          "layer-0 entropy / ln t", "mean entropy / ln t")
+            for k in steps]
     rows = ["| arm | scale | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
     for arm in done:
         cells = [diag_mean(ctx, arm, seeds, k, key, layer) for key, layer in
-                 (('logit_std', 0), ('logit_std', None), ('entropy_norm', 0)) for k in steps]
-        rows.append(f"| {arm} | 1/{1 / run_scale(ctx, arm, seeds):g} | " +
+                 (('logit_std', 0), ('logit_std', None), ('entropy_norm', 0),
+                                  ('entropy_norm', None)) for k in steps]
+        rows.append(f"| {arm} | {run_scale(ctx, arm, seeds)} | " +
                     " | ".join(f"{v:.2f}" for v in cells) + " |")
     rest = [a for a in arms if a not in done]
     return '\n'.join(rows) + '\n' + (f"\nNot yet: {', '.join(rest)}.\n" if rest else '')
 
 
 def run_scale(ctx, arm, seeds):
-    """The softmax scale the arm's first committed run trained with (its config.json)."""
+    """The softmax scale the arm's first committed run trained with (its config.json), as 1/n;
+    a learned scale is marked as learned from there."""
     folder = ctx.folders[ctx.done(arm, seeds)[0].name]
-    args = read_json(os.path.join(folder, 'config.json'), 'config.json')['model_args']
-    return GPTConfig.from_dict(args).scale
+    config = GPTConfig.from_dict(read_json(os.path.join(folder, 'config.json'),
+                                           'config.json')['model_args'])
+    return f"1/{1 / config.scale:g}" + (", learned from there" if config.learn_scale else "")
 
 
 def budgets_table(ctx, comparisons, references, params, margin=stats.MARGIN):
