@@ -584,6 +584,9 @@ def budgets_table(ctx, comparisons, references, params, margin=stats.MARGIN):
     for c in references + comparisons:
         r = found[comparisons.index(c)] if c in comparisons else \
             comparison_stats(ctx, [c], margin)[0][0]
+        alone = r is None and len(ctx.gaps(c['arm'], c['ref'], c['seeds'])) == len(c['seeds'])
+        if alone:  # its seeds are in, its family's are not: unadjusted, and marked so
+            r = comparison_stats(ctx, [dict(c, family=c['label'])], margin)[0][0]
         if r is None:
             rows.append(f"| {c['label']} | | | | | not yet | | | | |")
             continue
@@ -595,7 +598,7 @@ def budgets_table(ctx, comparisons, references, params, margin=stats.MARGIN):
                     f"{lrs} | {pct(r['mean'])} ± {r['sd']:.2f}% | [{pct(r['mean'] - r['half'])}, "
                     f"{pct(r['mean'] + r['half'])}] ({100 * r['level']:.1f}%) | "
                     f"{fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])}) | {r['mde']:.2f}% | "
-                    f"**{r['verdict']}** |")
+                    f"**{r['verdict']}**{' (unadjusted: its family waits)' if alone else ''} |")
     return '\n'.join(rows) + '\n'
 
 

@@ -61,3 +61,29 @@ def test_the_lag_table_gives_the_mean_and_its_interval_and_waits_for_missing_see
         in text
     waiting = tables.lag_table(ctx, [dict(c, seeds=(1, 2, 3))], (2.5, 2.0))
     assert waiting == "Not yet: arm − ref.\n"
+
+
+class Budgets:
+    """Enough of a Context for budgets_table: known paired gaps per (arm, ref)."""
+
+    def __init__(self, gaps):
+        self.gaps_of = gaps
+        self.s = type('Study', (), dict(base=(), arm=lambda self, arm: {}))()
+        self.plan = type('Plan', (), dict(chosen=dict(a=(2e-3, 0.1), b=(1e-3, 0.1),
+                                                      c=(2e-3, 0.1), d=(1e-3, 0.1))))()
+
+    def gaps(self, arm, ref, seeds):
+        return {s: g for s, g in self.gaps_of.get((arm, ref), {}).items() if s in seeds}
+
+
+def test_an_annealed_budget_whose_family_waits_is_shown_unadjusted_and_marked():
+    one = dict(label='one', arm='a', ref='b', seeds=(1, 2, 3), family='anneal')
+    other = dict(label='other', arm='c', ref='d', seeds=(1, 2, 3), family='anneal')
+    ctx = Budgets({('a', 'b'): {1: 1.0, 2: 1.2, 3: 0.8}})  # the other has no seeds yet
+    rows = tables.budgets_table(ctx, [one, other], [], params=1000).splitlines()
+    assert rows[2].startswith('| one |') and '+1.00% ± 0.20%' in rows[2]
+    assert rows[2].endswith('(unadjusted: its family waits) |')
+    assert rows[3] == '| other | | | | | not yet | | | | |'
+    ctx.gaps_of[('c', 'd')] = {1: 0.1, 2: -0.1, 3: 0.0}
+    rows = tables.budgets_table(ctx, [one, other], [], params=1000).splitlines()
+    assert 'unadjusted' not in '\n'.join(rows) and '| one |' in rows[2]
