@@ -241,7 +241,7 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config')
 def variants(config):
     """The model variants, in name order: every config/<name>.py that names a run (out_dir) without
     choosing data (the CPU bases set dataset, directly or by stacking). A variant is defined by its
-    file alone: bench.py, report.py and experiment.py read this list, nothing else names them."""
+    file alone: bench.py, lab.report and the studies read this list, nothing else names them."""
     names = []
     for f in sorted(os.listdir(CONFIG_DIR)):
         if f.endswith('.py'):
