@@ -128,6 +128,7 @@ def test_cli_refusal_is_one_line(data_root, tmp_path):
 # -----------------------------------------------------------------------------
 # imports: OpenAI GPT-2 (Hugging Face format) and nanoGPT checkpoints
 
+@pytest.mark.slow  # a GPT-2 import
 def test_gpt2_import_matches_transformers(tmp_path):
     transformers = pytest.importorskip('transformers', reason=HF)
     cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=24, vocab_size=50257)

@@ -26,27 +26,36 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope='module')
-def runs(tmp_path_factory):
-    """Tiny models trained a few steps on GPT-2 tokens."""
-    root = tmp_path_factory.mktemp('export')
-    docs = root / 'docs.jsonl'
-    with open(docs, 'w') as f:
-        for d in prepare.pydocs_topics()[:30]:
-            f.write(json.dumps({'text': d}) + '\n')
-    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='gpt2', data_root=str(root),
-                         num_proc=1, out_name='d'))
-    out = {}
-    for name, extra in VARIANTS.items():
-        out[name] = str(root / name)
-        train.main([f'--data_root={root}', '--dataset=d', f'--out_dir={out[name]}', '--n_layer=2',
+class Runs(dict):
+    """Tiny models trained a few steps on GPT-2 tokens, each the first time a test asks for it
+    (pytest-xdist spreads the tests over workers: each trains only the variants it tests)."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+        docs = root / 'docs.jsonl'
+        with open(docs, 'w') as f:
+            for d in prepare.pydocs_topics()[:30]:
+                f.write(json.dumps({'text': d}) + '\n')
+        prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='gpt2',
+                             data_root=str(root), num_proc=1, out_name='d'))
+
+    def __missing__(self, name):
+        out = self[name] = str(self.root / name)
+        train.main([f'--data_root={self.root}', '--dataset=d', f'--out_dir={out}', '--n_layer=2',
                     '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
                     '--gradient_accumulation_steps=1', '--max_iters=4', '--eval_interval=4',
                     '--eval_iters=1', '--device=cpu', '--compile=False', '--dtype=float32',
-                    '--learning_rate=1e-2', *extra])
-    return out
+                    '--learning_rate=1e-2', *VARIANTS[name]])
+        return out
 
 
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    return Runs(tmp_path_factory.mktemp('export'))
+
+
+@pytest.mark.slow  # each trains a model and loads it in transformers
 @pytest.mark.parametrize('name', VARIANTS)
 def test_export_round_trips_exactly(runs, tmp_path, name):
     before = open(os.path.join(runs[name], 'ckpt.pt'), 'rb').read()

@@ -195,6 +195,7 @@ def test_corrupt_checkpoint_and_long_prompt(tmp_path, trained):
     assert r.returncode == 0 and 'empty prompt' in r.stderr
 
 
+@pytest.mark.slow  # sample.py's command line
 def test_pickled_code_in_a_checkpoint_is_refused(tmp_path):
     class Evil:
         def __reduce__(self):

@@ -456,6 +456,7 @@ def test_docs_blocks_match_the_committed_logs():
         "docs/experiments.md is stale: run python -m lab.study lab/studies/*.py --report=True"
 
 
+@pytest.mark.slow  # seconds of matplotlib each
 @pytest.mark.parametrize('name', ['v2', 'v3', 'v4'])
 def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
     """v2's and v3's figures, and each of v4's that its committed runs can draw so far."""
