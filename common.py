@@ -26,9 +26,10 @@ class UserError(Exception):
 
 @contextmanager
 def model_errors(source=None):
-    """model.py imports nothing from this project (copy it anywhere), so a bad setting or checkpoint
-    raises ValueError or TypeError there, and a missing optional package ImportError, each with a
-    clear message; around a call into it, this turns them into the one-line error."""
+    """model.py imports nothing from this project (copy it anywhere), so a bad setting or
+    checkpoint raises ValueError or TypeError there, and a missing optional package
+    ImportError, each with a clear message; around a call into it, this turns them into the
+    one-line error."""
     try:
         yield
     except (ValueError, TypeError, ImportError) as e:
@@ -263,7 +264,7 @@ def variant_settings(name, config, keys):
 
 
 def print_overrides(config, defaults):
-    """The settings that differ from the defaults, one a line (the full set goes to config.json)."""
+    """The settings that differ from the defaults, one a line (config.json holds them all)."""
     changed = {k: v for k, v in config.items() if k not in defaults or v != defaults[k]}
     width = max(map(len, changed), default=0)
     print("settings that differ from the defaults:" if changed else "the default settings")
@@ -297,7 +298,8 @@ def pick_precision(dtype, device):
     train.py) on an older one, float32 on CPU, unless one is named. torch counts emulated bf16 as
     supported by default: V100/T4 would then train eager (inductor skips it) with slow bf16."""
     if dtype is None and device.startswith('cuda'):
-        dtype = 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+        dtype = 'bfloat16' if bf16 else 'float16'
     dtype = dtype or 'float32'
     if dtype not in DTYPES:
         raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
@@ -392,9 +394,9 @@ class GPT2Tokenizer:
         try:
             self.enc = tiktoken.get_encoding('gpt2')
         except Exception as e:
-            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}); tiktoken downloads "
-                            "it once: connect once, or set TIKTOKEN_CACHE_DIR to a folder with its "
-                            "cached files, or use --tokenizer=byte") from None
+            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}); tiktoken "
+                            "downloads it once: connect once, or set TIKTOKEN_CACHE_DIR to a "
+                            "folder with its cached files, or use --tokenizer=byte") from None
 
     def encode(self, text):
         return self.enc.encode_ordinary(text)  # special-token text in the corpus stays plain text
@@ -468,7 +470,8 @@ class Dataset:
     def array(self, split):
         """The split's tokens, read-only. A fresh memmap each call: nanoGPT's fix for the memory
         growth of a long-lived one."""
-        return np.memmap(os.path.join(self.dir, f'{split}.bin'), dtype=self.meta['dtype'], mode='r')
+        path = os.path.join(self.dir, f'{split}.bin')
+        return np.memmap(path, dtype=self.meta['dtype'], mode='r')
 
     def batch(self, split, starts, device='cpu', length=None):
         """Inputs and next-token targets (len(starts), length or block_size) as int64, on
@@ -495,8 +498,8 @@ def open_dataset(data_root, name, block_size):
         raise UserError(problem)
     for split in SPLITS:
         if meta[f'{split}_tokens'] <= block_size + 1:
-            raise UserError(f"{data_dir}/{split}.bin has {meta[f'{split}_tokens']} tokens, too few "
-                            f"for block_size {block_size}")
+            raise UserError(f"{data_dir}/{split}.bin has {meta[f'{split}_tokens']} tokens, "
+                            f"too few for block_size {block_size}")
     return Dataset(data_dir, meta, block_size)
 
 
@@ -573,8 +576,8 @@ def load_checkpoint(path, map_location='cpu', mmap=False):
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot read checkpoint {path}: {first[:200]} (corrupt, truncated, or not "
-                        "a checkpoint)") from None
+        raise UserError(f"cannot read checkpoint {path}: {first[:200]} (corrupt, truncated, "
+                        "or not a checkpoint)") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise UserError(f"{path} is not a kvgpt/nanoGPT checkpoint (it needs 'model' and "
                         "'model_args')")

@@ -15,8 +15,8 @@ os.environ['HF_HOME'] = tempfile.mkdtemp(prefix='kvgpt-hf-')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_DISABLE_PROGRESS_BARS', '1')
 if os.environ.get('PYTEST_XDIST_WORKER'):
-    # one thread per pytest-xdist worker (and per process it starts): OpenMP threads spin while they
-    # wait, so two workers of two threads each on two cores run several times slower than one
+    # one thread per pytest-xdist worker (and per process it starts): OpenMP threads spin while
+    # they wait, so two workers of two threads each on two cores run several times slower than one
     os.environ['OMP_NUM_THREADS'] = '1'
     import torch
     torch.set_num_threads(1)
@@ -32,6 +32,6 @@ def data_root(tmp_path_factory):
     with open(docs, 'w') as f:
         for i in range(0, len(text), 2000):
             f.write(json.dumps({'text': text[i:i + 2000]}) + '\n')
-    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='byte', data_root=str(root),
-                         num_proc=1, out_name='tiny'))
+    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='byte',
+                         data_root=str(root), num_proc=1, out_name='tiny'))
     return str(root)

@@ -9,7 +9,6 @@ the neighbouring weights. With `query='identity'` head h's query is the coordina
 and V, and every layer loses n_embd^2 weights, 25% of the attention. Module names follow
 nanoGPT (transformer.wte, h.N.attn.c_attn, ...), so nanoGPT checkpoints load as baselines.
 """
-import inspect
 import math
 import os
 from dataclasses import InitVar, dataclass, fields
@@ -26,7 +25,7 @@ from torch.nn import functional as F
 #   residual       x + x W_Q                   the authors' code
 #   residual_gelu  x + GELU(x W_Q)             the authors' code
 #   nonlinear      mix * (x + f(x)),           the follow-up (arXiv 2603.13381), mix = 1/2 and
-#                  f = LN(GELU(RMSNorm(x) W1) W2)   W1: d x r, W2: r x d, r = d/2: W_Q's d^2 weights
+#                  f = LN(GELU(RMSNorm(x) W1) W2), W1: d x r, W2: r x d, r = d/2: W_Q's d^2
 QUERY_MODES = ('linear', 'identity', 'residual', 'residual_gelu', 'nonlinear')
 ACTIVATIONS = {'gelu': lambda x: F.gelu(x), 'gelu_tanh': lambda x: F.gelu(x, approximate='tanh'),
                'relu': F.relu}
@@ -45,7 +44,7 @@ class GPTConfig:
     mlp_hidden: Optional[int] = None  # None: 4 * n_embd (paper's larger MLP: 3456)
     query: str = 'linear'  # one of QUERY_MODES; 'identity' is the paper's reduced model
     query_rank: Optional[int] = None  # nonlinear query: bottleneck width r; None: n_embd // 2
-    query_mix: float = 0.5  # nonlinear query: q = query_mix * (x + f(x)); the follow-up's code: 1.0
+    query_mix: float = 0.5  # nonlinear query: q = query_mix * (x + f(x)); follow-up's code: 1.0
     key_identity: bool = False  # W_K = I (theory: any one of the three may go)
     value_identity: bool = False  # W_V = I
     attn_scale: Optional[float] = None  # None: 1/sqrt(hd), halved when Q or K is I
@@ -59,8 +58,8 @@ class GPTConfig:
     mlp_residual: bool = True  # False: the skip connection surrounds only the attention
     share_layers: bool = False  # one block's weights reused n_layer times (ALBERT-style)
     activation: str = 'gelu'  # 'gelu_tanh': OpenAI GPT-2's approximation; 'relu': theorem 8.4's
-    init_std: float = 0.02  # every weight's init std (GPT-2's); residual projections: /√(2 n_layer)
-    query_identity: InitVar[bool] = False  # the paper's flag: True is query='identity' (not stored)
+    init_std: float = 0.02  # every weight's init std (GPT-2's); residual projections /√(2 n_layer)
+    query_identity: InitVar[bool] = False  # the paper's flag: True is query='identity', not stored
 
     def __post_init__(self, query_identity=False):
         if query_identity:  # 'linear' is the unset default here
@@ -338,7 +337,7 @@ class GPT(nn.Module):
         return self.transformer.wte(idx) + self.transformer.wpe(pos), None
 
     def forward(self, idx, targets=None, cache=None, offset=0):
-        """Logits (and with targets the loss) of idx (B, T) from position offset, or the cache's."""
+        """Logits (and with targets the loss) of idx (B, T) from position offset or the cache's."""
         B, T = idx.shape
         start = cache.pos if cache is not None else offset
         if start + T > self.config.block_size:
@@ -364,9 +363,9 @@ class GPT(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
                   {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
-        fused = device_type == 'cuda' and 'fused' in inspect.signature(torch.optim.AdamW).parameters
+        # on CUDA the fused AdamW (one kernel for all tensors); elsewhere torch's default
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas,
-                                 **({'fused': True} if fused else {}))
+                                 fused=True if device_type == 'cuda' else None)
 
     def flops_per_token(self, T=None):
         """Training FLOPs per token (forward + backward, PaLM appendix B): 6 per matmul weight
@@ -463,14 +462,14 @@ class GPT(nn.Module):
 
 
 GPT2_SIZES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
-# GPT-2's Conv1D weights, stored transposed
-HF_TRANSPOSED = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+HF_TRANSPOSED = ('attn.c_attn.weight', 'attn.c_proj.weight',  # GPT-2's Conv1D weights,
+                 'mlp.c_fc.weight', 'mlp.c_proj.weight')  # stored transposed
 
 
 def load_hf_gpt2(name_or_path):
     if name_or_path not in GPT2_SIZES and not os.path.isdir(str(name_or_path)):
-        raise ValueError(f"init_from must be scratch, resume, auto, one of {', '.join(GPT2_SIZES)} "
-                         f"or a local GPT-2 folder; got {name_or_path!r}")
+        raise ValueError(f"init_from must be scratch, resume, auto, one of "
+                         f"{', '.join(GPT2_SIZES)} or a local GPT-2 folder; got {name_or_path!r}")
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:

@@ -36,7 +36,7 @@ DEFAULTS = dict(
     data_root='data',  # the bins go to data_root/<out_name>/
     out_name=None,  # None: derived from the dataset
     force=False,  # re-run even when an identical finished run exists
-    progress=True,  # datasets' progress bars (off when train.py prepares an embedded corpus itself)
+    progress=True,  # datasets' progress bars (off when train.py prepares an embedded corpus)
 )
 # the type of each key whose default does not say it (--help shows them)
 TYPES = dict(tokenizer=Kind(str, tuple(TOKENIZERS)), val_size=Kind(float), out_name=Kind(str),
@@ -161,9 +161,9 @@ def load_source(c):
                             f"{datasets.__version__} no longer runs: point --hub_id at a parquet "
                             "copy of it, or pass downloaded files with --dataset=path/to/files"
                             ) from None
-        raise UserError(f"cannot load '{hub_id}' from the Hugging Face hub ({short(e)}); if "
-                        "offline, pass local files instead: --dataset=path/to/docs.jsonl (or .txt, "
-                        ".parquet, a folder of them)") from None
+        raise UserError(f"cannot load '{hub_id}' from the Hugging Face hub ({short(e)}); "
+                        "if offline, pass local files instead: --dataset=path/to/docs.jsonl "
+                        "(or .txt, .parquet, a folder of them)") from None
 
 
 def short(e):

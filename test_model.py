@@ -242,7 +242,8 @@ def test_optimizer_decays_matrices_only():
 
 
 # -----------------------------------------------------------------------------
-# the query family: linear, identity, residual, residual_gelu (authors' code), nonlinear (follow-up)
+# the query family: linear, identity, residual, residual_gelu (authors' code), nonlinear
+# (the follow-up's)
 
 def reference_query(attn, x, cfg):
     """Each mode's query from its formula in plain torch (float64), independent of the module."""
@@ -255,7 +256,8 @@ def reference_query(attn, x, cfg):
     if cfg.query in formulas:
         return formulas[cfg.query]()
     m = attn.q_mlp
-    rms = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps) * m.norm.weight
+    eps = torch.finfo(x.dtype).eps
+    rms = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * m.norm.weight
     z = gelu(rms @ m.fc.weight.T) @ m.proj.weight.T
     ln = ((z - z.mean(-1, keepdim=True))
           / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + 1e-5) * m.ln.weight)
@@ -279,8 +281,8 @@ def reference_attention_with_query(attn, x, cfg):
     return torch.cat(out, dim=-1) @ attn.c_proj.weight.T
 
 
-QUERY_CASES = [(q, kv, {}) for q in ('linear', 'identity', 'residual', 'residual_gelu', 'nonlinear')
-               for kv in (4, 2)]
+QUERY_CASES = [(q, kv, {}) for q in ('linear', 'identity', 'residual', 'residual_gelu',
+                                    'nonlinear') for kv in (4, 2)]
 QUERY_CASES += [('nonlinear', kv, dict(query_mix=1.0)) for kv in (4, 2)]
 QUERY_CASES += [('nonlinear', 4, dict(query_rank=8))]
 

@@ -1,8 +1,8 @@
 """
 Train a kvgpt model, on one device or many:
 
-    python train.py config/demo.py                        # CPU, the embedded corpus, ~3 minutes
-    python train.py config/reduced.py --batch_size=8      # config files, then --key=value overrides
+    python train.py config/demo.py                      # CPU, the embedded corpus, ~3 minutes
+    python train.py config/reduced.py --batch_size=8    # config files, then --key=value overrides
     torchrun --standalone --nproc_per_node=8 train.py config/reduced.py
 
 The micro-batches of global step k are a pure function of (data_seed, k): every
@@ -62,7 +62,7 @@ DEFAULTS = dict(
     wandb_project='kvgpt',  # the W&B project
     wandb_run_name='run',  # the W&B run name
     # data
-    dataset='openwebtext',  # data_root/<dataset>/ of prepare.py (pydocs, pysource: made if missing)
+    dataset='openwebtext',  # data_root/<dataset>/ of prepare.py (pydocs, pysource: made if absent)
     data_root='data',  # where prepared datasets live
     data_seed=1337,  # the batches of step k depend on (data_seed, k) only
     gradient_accumulation_steps=40,  # in total, over all processes
@@ -107,7 +107,7 @@ TIMING_WARMUP = 2  # steps after each (re)start left out of step times, tokens/s
 # The key of the evaluation windows, next to the (data_seed, step) keys of the training batches:
 # above 2**31, so no training step can draw the same windows.
 EVAL_KEY = 2 ** 31  # + split index (0 train, 1 val)
-PROBES = 'lab.probes'  # the module diagnostics=True runs at each evaluation: probe(data, c, device)
+PROBES = 'lab.probes'  # the module diagnostics=True runs each evaluation: probe(data, c, device)
 
 
 # -----------------------------------------------------------------------------
@@ -514,7 +514,7 @@ class OutDirLock:
 
 
 def open_data(c, master, ddp):
-    """The prepared dataset; an embedded corpus (pydocs, pysource) is prepared here when missing."""
+    """The prepared dataset; an embedded corpus (pydocs, pysource) is prepared here if missing."""
     import prepare
     meta_path = os.path.join(c['data_root'], c['dataset'], 'meta.json')
     if c['dataset'] in prepare.EMBEDDED and not os.path.exists(meta_path):
@@ -573,7 +573,7 @@ def check_same_data(ckpt, meta, c):
 
 
 def model_args_from(c, meta):
-    args = upgrade_query({k: c[k] for k in MODEL_KEYS})  # query None: the model's default, 'linear'
+    args = upgrade_query({k: c[k] for k in MODEL_KEYS})  # query None: the model's default, linear
     if args['vocab_size'] is None:
         args['vocab_size'] = -(-meta['vocab_size'] // 64) * 64  # round up: faster matmuls
     return args

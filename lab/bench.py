@@ -7,7 +7,7 @@ The lab's benchmarks, beside the trainer's (bench.py: training steps side by sid
     python -m lab.bench --mode=attention --n_head=2 --n_embd=128 --block_size=128 --batch_size=16
     python -m lab.bench --mode=diagnostics --variants=reduced --n_layer=4 --n_embd=128 \\
         --block_size=128 --vocab_size=320 --batch_size=32   # the probes against a step
-    python -m lab.bench --mode=summary --json_out=gpu-check --run_dir=gpu-check/run  # the GPU check
+    python -m lab.bench --mode=summary --json_out=gpu-check --run_dir=gpu-check/run  # GPU check
 
 Each prints its figures and one JSON line per result (prefixed "json:").
 """

@@ -146,7 +146,7 @@ def lag_figure(ctx, path, comparisons, levels):
     ax.set(xlabel='fixed-window val loss reached (falls to the right)', ylabel='steps later',
            title='the step lag at each loss (mean over paired seeds, 95% interval)')
     ax.invert_xaxis()
-    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))  # beside, not over, the lines
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))  # beside the lines, not over
     report.save_figure(fig, path)
     return True
 

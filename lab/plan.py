@@ -182,8 +182,8 @@ def tuning_seeds(s, arm):
 
 
 def tune(s, arm, results, chosen):
-    """(the arm's tuning runs named so far, its (lr, wd) or None while they are not all in). A fixed
-    lr is not tuned; a weight decay of None is searched first, at lr_start (v2's design)."""
+    """(the arm's tuning runs named so far, its (lr, wd) or None while they are not all in). A
+    fixed lr is not tuned; a weight decay of None is searched first, at lr_start (v2's design)."""
     spec, t = s.arm(arm), dict(s.tuning, **s.arm(arm).get('tuning', {}))
     wd, runs = spec.get('weight_decay'), []
     if spec.get('lr') is not None:
@@ -270,8 +270,8 @@ def base_config(s):
 
 
 def arm_args(s, run, base):
-    """The arm's settings as --key=value: its variant's model settings at the base geometry (the one
-    definition of a variant), then the arm's own."""
+    """The arm's settings as --key=value: its variant's model settings at the base geometry (the
+    one definition of a variant), then the arm's own."""
     made = variant_settings(s.variant(run.arm), base, train.MODEL_KEYS)
     made.update(s.arm(run.arm).get('settings', {}))
     return [f'--{k}={value_text(v)}' for k, v in made.items()]

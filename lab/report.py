@@ -165,8 +165,9 @@ def aggregate_table(groups):
             rows.append(head + " (reference) | | | |")
             continue
         s = found[i - 1]
-        rows.append(f"{head} {s['mean']:+.2f}% +- {s['sd']:.2f}% | [{s['mean'] - s['half']:+.2f}%, "
-                    f"{s['mean'] + s['half']:+.2f}%] ({100 * s['level']:.1f}%) "
+        low, high = s['mean'] - s['half'], s['mean'] + s['half']
+        rows.append(f"{head} {s['mean']:+.2f}% +- {s['sd']:.2f}% | [{low:+.2f}%, "
+                    f"{high:+.2f}%] ({100 * s['level']:.1f}%) "
                     f"| {s['p_t']:.3f} ({s['p_t_holm']:.3f}) | {s['verdict']} |")
     return '\n'.join(rows) + '\n'
 

@@ -129,8 +129,8 @@ def tuning_table(ctx, arms=None):
 
 
 def spikes(log, warmup):
-    """{step: rise in %} after warmup where the run spiked by v3's (amended) definition: the loss on
-    the fixed val windows rose from one evaluation to the next, or a loss was non-finite (inf).
+    """{step: rise in %} after warmup where the run spiked by v3's (amended) definition: the loss
+    on the fixed val windows rose from one evaluation to the next, or a loss was non-finite (inf).
     The training loss alone is not a criterion: its batches differ from step to step."""
     found = {e['iter']: math.inf for e in log if e['iter'] > warmup and
              not all(math.isfinite(e[k]) for k in ('loss', 'val_loss') if k in e)}

@@ -138,8 +138,9 @@ def refine_table(ctx, arms, seed, factors):
             moved.append(arm)
         gaps = "(reference)" if arm == arms[0] else ' → '.join(
             pct(100 * (best[arm][i] - best[arms[0]][i]) / best[arms[0]][i]) for i in (0, 1))
-        rows.append(f"| {arm} | {wd:g} | " + ', '.join(f"{v:g}: {losses[v]:.4f}" for v in losses) +
-                    f" | {top:g} | {pct(100 * (losses[top] - losses[lr]) / losses[lr])} | {gaps} |")
+        grid = ', '.join(f"{v:g}: {losses[v]:.4f}" for v in losses)
+        rise = pct(100 * (losses[top] - losses[lr]) / losses[lr])
+        rows.append(f"| {arm} | {wd:g} | {grid} | {top:g} | {rise} | {gaps} |")
     verdict = (f"**grid-sensitive**: {', '.join(moved)}" if moved
                else "no arm's best moves on the finer grid")
     return '\n'.join(rows) + f"\n\n{verdict}.\n"

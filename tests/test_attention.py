@@ -21,8 +21,8 @@ def reference(q, k, v, scale, allowed):
     return torch.from_numpy(p / p.sum(-1, keepdims=True) @ v)
 
 
-CASES = [  # (n_head, n_kv_head, T, S): S > T is decoding with T new positions after a cached prefix
-    (4, 4, 9, 9), (4, 2, 9, 9), (4, 1, 7, 7), (2, 2, 3, 11), (4, 2, 1, 6)]
+# (n_head, n_kv_head, T, S): S > T is decoding with T new positions after a cached prefix
+CASES = [(4, 4, 9, 9), (4, 2, 9, 9), (4, 1, 7, 7), (2, 2, 3, 11), (4, 2, 1, 6)]
 
 
 def inputs(n_head, n_kv, T, S):
@@ -187,8 +187,9 @@ def test_diagnostics_equal_an_independent_computation():
 # the modern block: rotary positions and QK-norm
 
 def test_rope_attention_equals_a_float64_reference():
-    """One layer's attention with pos='rope' against numpy: q and k turned pair by pair, dimension i
-    with i + hd/2 by the angle position * base^(-2i/hd), then causal softmax attention."""
+    """One layer's attention with pos='rope' against numpy: q and k turned pair by pair,
+    dimension i with i + hd/2 by the angle position * base^(-2i/hd), then causal softmax
+    attention."""
     cfg = GPTConfig(n_embd=16, n_head=2, block_size=16, pos='rope', rope_base=100.0)
     torch.manual_seed(3)
     attn = M.CausalSelfAttention(cfg).double()

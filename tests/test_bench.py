@@ -19,7 +19,8 @@ def test_bench_train_reports_every_variant(capsys):
     results = bench.main(TINY + ['--steps=3', '--warmup=1',
                                  '--variants=baseline,reduced,reduced_mlp,key_identity'])
     out = capsys.readouterr().out
-    assert [r['variant'] for r in results] == ['baseline', 'reduced', 'reduced_mlp', 'key_identity']
+    variants = [r['variant'] for r in results]
+    assert variants == ['baseline', 'reduced', 'reduced_mlp', 'key_identity']
     base, red, mlp, _ = results
     assert base['params'] - red['params'] == 32 * 32 and mlp['params'] == base['params']
     assert red['flops_per_token'] < base['flops_per_token'] == mlp['flops_per_token']
@@ -69,9 +70,10 @@ def test_bench_diagnostics_overhead_is_a_fraction():
 
 
 def test_every_variant_follows_the_geometry_it_is_measured_at():
-    """A variant file is written against the width: at n_embd 128 baseline_small is 124 wide (31/32,
-    a multiple of n_head), not GPT-2 small's 744; every variant keeps n_layer and n_head."""
-    geometry = dict(bench.DEFAULTS, n_layer=4, n_head=2, n_embd=128, block_size=128, vocab_size=320)
+    """A variant file is written against the width: at n_embd 128 baseline_small is 124 wide
+    (31/32, a multiple of n_head), not GPT-2 small's 744; every variant keeps n_layer, n_head."""
+    geometry = dict(bench.DEFAULTS, n_layer=4, n_head=2, n_embd=128, block_size=128,
+                    vocab_size=320)
     small = bench.variant_config('baseline_small', geometry)
     assert (small.n_embd, small.mlp_hidden) == (124, 496)
     assert GPT(small, verbose=False).get_num_params() == 794_716

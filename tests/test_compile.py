@@ -1,5 +1,5 @@
-"""The compiled paths, checked without a GPU: torch.compile on the eager backend traces exactly what
-inductor would (dynamo's graph capture), so fullgraph=True fails on any graph break, and the
+"""The compiled paths, checked without a GPU: torch.compile on the eager backend traces exactly
+what inductor would (dynamo's graph capture), so fullgraph=True fails on any graph break, and the
 compile counter shows recompilations. Every query mode, GQA, W_K = I, RoPE and QK-norm."""
 import pytest
 import torch

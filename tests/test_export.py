@@ -101,7 +101,8 @@ def test_models_gpt2_cannot_hold_are_refused_in_one_line(runs, tmp_path):
         f"error: cannot export {tmp_path / 'nl'} to GPT-2's format: its query is 'nonlinear', "
         "not a matrix: GPT-2's attention has a linear query only"]
     assert not (tmp_path / 'x').exists()
-    for kw, words in [(dict(n_kv_head=1), 'grouped-query'), (dict(norm=False), 'theoretical block'),
+    for kw, words in [(dict(n_kv_head=1), 'grouped-query'),
+                      (dict(norm=False), 'theoretical block'),
                       (dict(share_layers=True), 'share one block'),
                       (dict(pos='rope'), "'rope' (rotary)"),
                       (dict(qk_norm=True), 'normalises q and k per head')]:

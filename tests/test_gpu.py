@@ -1,5 +1,5 @@
-"""The CUDA path: tests marked `cuda` run on a GPU (`pytest -m cuda`, or tools/gpu_check.sh) and are
-skipped with their reason elsewhere; the rest are the CPU regression tests of what reading the
+"""The CUDA path: tests marked `cuda` run on a GPU (`pytest -m cuda`, or tools/gpu_check.sh) and
+are skipped with their reason elsewhere; the rest are the CPU regression tests of what reading the
 CUDA path found, and the dry run of gpu_check.sh."""
 import json
 import os

@@ -18,7 +18,8 @@ PLOTS = 'matplotlib draws the report plots (pip install -r requirements-dev.txt)
 def test_report_table_and_plot(data_root, tmp_path):
     pytest.importorskip('matplotlib', reason=PLOTS)
     common = ['--dataset=tiny', f'--data_root={data_root}', '--n_layer=1', '--n_head=2',
-              '--n_embd=32', '--block_size=32', '--batch_size=4', '--gradient_accumulation_steps=1',
+              '--n_embd=32', '--block_size=32', '--batch_size=4',
+              '--gradient_accumulation_steps=1',
               '--max_iters=6', '--eval_interval=3', '--eval_iters=1', '--log_interval=2',
               '--device=cpu', '--compile=False']
     train.main(common + [f'--out_dir={tmp_path}/base'])

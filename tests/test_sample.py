@@ -113,7 +113,8 @@ def test_eos_stops_generation():
     model = tiny()
     first = model.generate(torch.zeros(1, 1, dtype=torch.long), 6, temperature=0.0)
     eos = first[0, 3].item()  # the greedy path's third new token
-    stopped = model.generate(torch.zeros(1, 1, dtype=torch.long), 6, temperature=0.0, eos_token=eos)
+    start = torch.zeros(1, 1, dtype=torch.long)
+    stopped = model.generate(start, 6, temperature=0.0, eos_token=eos)
     assert stopped[0, -1].item() == eos and stopped.size(1) <= 4
 
 
@@ -188,10 +189,11 @@ def test_corrupt_checkpoint_and_long_prompt(tmp_path, trained):
     r = cli(f'--out_dir={bad}')
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
     assert r.stderr.startswith(f'error: cannot read checkpoint {bad}/ckpt.pt')
-    r = cli(f'--out_dir={out}', '--start=' + 'word ' * 200, '--max_new_tokens=3', '--num_samples=1',
-            '--device=cpu')
+    r = cli(f'--out_dir={out}', '--start=' + 'word ' * 200, '--max_new_tokens=3',
+            '--num_samples=1', '--device=cpu')
     assert r.returncode == 0 and 'more than block_size 32: keeping the last 32' in r.stderr
-    r = cli(f'--out_dir={out}', '--start=', '--max_new_tokens=3', '--num_samples=1', '--device=cpu')
+    r = cli(f'--out_dir={out}', '--start=', '--max_new_tokens=3', '--num_samples=1',
+            '--device=cpu')
     assert r.returncode == 0 and 'empty prompt' in r.stderr
 
 

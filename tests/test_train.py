@@ -92,7 +92,7 @@ def test_loss_falls_and_run_dir_has_everything(data_root, tmp_path):
     assert json.load(open(tmp_path / 'config.json'))['learning_rate'] == 1e-2
 
 
-# float16: the GradScaler's state must resume too (CPU float16 takes seconds: out of the inner loop)
+# float16: the GradScaler's state must resume too (CPU float16 takes seconds: not the inner loop)
 @pytest.mark.parametrize('dtype', ['float32', pytest.param('float16', marks=pytest.mark.slow)])
 def test_resume_is_bit_exact(data_root, tmp_path, dtype):
     full = run(data_root, tmp_path / 'full', dtype=dtype)
@@ -224,7 +224,7 @@ def test_cli_errors_are_one_line(data_root, tmp_path):
     assert 'prepare.py --dataset=missing' in r.stderr
 
 
-# config file: (total params, attention scale, weight decay); the follow-up's are in test_experiment
+# config file: (total params, attention scale, weight decay); the follow-up's: test_experiment
 PAPER_CONFIGS = {
     'baseline': (124_373_760, 1 / 8, 0.1),
     'reduced': (117_295_872, 1 / 16, 0.03125),
@@ -431,7 +431,7 @@ def test_the_probes_hook_logs_them_and_trains_the_same(data_root, tmp_path):
 @pytest.mark.slow
 def test_a_save_failure_on_rank_0_ends_both_ranks(data_root, tmp_path):
     out = tmp_path / 'ddp'
-    (out / 'ckpt.pt.tmp').mkdir(parents=True)  # rank 0 cannot write the checkpoint's temporary file
+    (out / 'ckpt.pt.tmp').mkdir(parents=True)  # rank 0 cannot write the checkpoint's temp file
     env = dict(os.environ, OMP_NUM_THREADS='1')
     r = subprocess.run([*TORCHRUN, '--standalone', '--nproc_per_node=2', 'train.py',
                         *argv(data_root, out, max_iters=4, eval_interval=2, dropout=0.0)],
@@ -507,7 +507,8 @@ def test_resume_on_other_data_is_refused(data_root, tmp_path):
     data = open(os.path.join(data_root, 'tiny', 'train.bin'), 'rb').read()
     (other / 'train.bin').write_bytes(data[:len(data) // 2])  # re-prepared: fewer training tokens
     (other / 'val.bin').write_bytes(open(os.path.join(data_root, 'tiny', 'val.bin'), 'rb').read())
-    (other / 'meta.json').write_text(json.dumps(dict(meta, train_tokens=meta['train_tokens'] // 2)))
+    half = dict(meta, train_tokens=meta['train_tokens'] // 2)
+    (other / 'meta.json').write_text(json.dumps(half))
     n = meta['train_tokens']
     with pytest.raises(UserError, match=rf"ckpt.pt was trained on other data than "
                                         rf"{tmp_path / 'data'}/tiny "
@@ -555,7 +556,8 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_costs_nothing(data_root, t
 
     def torchrun(out):
         return subprocess.Popen([*TORCHRUN, '--standalone', '--nproc_per_node=2',
-                                 '--max-restarts=1', 'train.py', *argv(data_root, out, **settings)],
+                                 '--max-restarts=1', 'train.py',
+                                 *argv(data_root, out, **settings)],
                                 cwd=HERE, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 
@@ -658,7 +660,7 @@ def kill_one_node_and_finish(data_root, out, env):
 def test_a_killed_worker_on_one_node_is_restarted_and_costs_nothing(data_root, tmp_path,
                                                                     fresh_store, one_thread):
     """With torchrun's shared store (the default) the ranks count their rounds in it
-    (train.restart_store); with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 every round has a fresh one."""
+    (train.restart_store); with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 each round has a fresh one."""
     env = {k: v for k, v in ONE_THREAD.items() if k != 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE'}
     if fresh_store:
         env['TORCH_DISABLE_SHARE_RDZV_TCP_STORE'] = '1'
@@ -693,7 +695,8 @@ def test_each_torchrun_restart_gets_keys_of_its_own(monkeypatch, capsys):
     assert [server.get(f'kvgpt/restart_{r}/rank_{i}') for r in (0, 1) for i in (0, 1)] == [
         b'round 0', b'round 0', b'round 1', b'round 1']
     assert capsys.readouterr().out == ''  # nothing to warn about
-    monkeypatch.setenv('TORCHELASTIC_USE_AGENT_STORE', 'False')  # a fresh store per restart already
+    # a fresh store per restart already
+    monkeypatch.setenv('TORCHELASTIC_USE_AGENT_STORE', 'False')
     assert train.restart_store(2) is None
 
 
@@ -764,7 +767,8 @@ def test_followup_configs_state_its_protocol():
             ('baseline_followup', 6e-4, 0.1, 6e-5, 124_373_760, 1 / 8)):
         c = train.settings([f'config/{name}.py'])
         with torch.device('meta'):
-            model = GPT(GPTConfig(**train.model_args_from(c, {'vocab_size': 50257})), verbose=False)
+            args = train.model_args_from(c, {'vocab_size': 50257})
+            model = GPT(GPTConfig(**args), verbose=False)
         assert model.get_num_params() == params and model.config.scale == pytest.approx(scale)
         assert f'{params:,} parameters' in open(f'config/{name}.py').read()  # its comment says so
         # a full cosine
@@ -778,8 +782,9 @@ def test_followup_configs_state_its_protocol():
 
 def test_full_val_loss_is_every_val_token_once(data_root, tmp_path):
     out = tmp_path / 'run'
-    train.main(['config/small.py', f'--data_root={data_root}', '--dataset=tiny', f'--out_dir={out}',
-                '--max_iters=2', '--n_layer=1', '--block_size=32', '--batch_size=4',
+    train.main(['config/small.py', f'--data_root={data_root}', '--dataset=tiny',
+                f'--out_dir={out}', '--max_iters=2', '--n_layer=1', '--block_size=32',
+                '--batch_size=4',
                 '--eval_interval=2', '--eval_iters=1'])
     final = [e for e in common.read_jsonl(out / 'log.jsonl') if 'val_loss' in e][-1]
     model = GPT.from_checkpoint(common.load_checkpoint(str(out / 'ckpt.pt')), verbose=False).eval()

@@ -157,9 +157,9 @@ def convert(c):
     src, ckpt = model_from_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'), verbose=False)
     cfg = src.config
     if cfg.query != 'linear':
-        raise UserError(f"the checkpoint's query is '{cfg.query}', not a linear W_Q: only a linear "
-                        "query is a change of basis away from the identity; convert a standard "
-                        "model")
+        raise UserError(f"the checkpoint's query is '{cfg.query}', not a linear W_Q: only a "
+                        "linear query is a change of basis away from the identity; convert a "
+                        "standard model")
     if cfg.key_identity or cfg.value_identity:
         raise UserError("the checkpoint already has an identity attention weight: convert a "
                         "standard model")

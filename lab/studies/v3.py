@@ -39,7 +39,8 @@ COMPARISONS = [  # (claim) arm − ref on its seeds: the primary alone, the seco
     dict(label='(iv)', arm='reduced', ref='baseline_small_mlp', seeds=TEST[:10],
          family='secondary'),
 ]
-CLAIMS = {'(i)': "the reduced model matches the baseline", '(ii)': "reduced_mlp beats the baseline",
+CLAIMS = {'(i)': "the reduced model matches the baseline",
+          '(ii)': "reduced_mlp beats the baseline",
           '(iii)': "it trains stably at 3× lower weight decay",
           '(iv)': "the reduced model beats the parameter-matched baseline_small_mlp"}
 RESOLUTION = ("Resolution: the smallest gap this comparison's measured noise detects with 80% "

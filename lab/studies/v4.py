@@ -21,7 +21,8 @@ arms = {
     'reduced': dict(weight_decay=2 ** -5, lr=2e-3),  # W_Q = I, scale 1/16
     # one change each; the starting grid centred on the LR of the recipe it changes
     'reduced_full_scale': dict(variant='reduced', weight_decay=2 ** -5,
-                               settings=dict(attn_scale=HD ** -0.5), grid=(1.41e-3, 2e-3, 2.83e-3)),
+                               settings=dict(attn_scale=HD ** -0.5),
+                               grid=(1.41e-3, 2e-3, 2.83e-3)),
     'reduced_wd0.1': dict(variant='reduced', weight_decay=0.1, grid=(1.41e-3, 2e-3, 2.83e-3)),
     'baseline_half_scale': dict(variant='baseline', weight_decay=0.1,
                                 settings=dict(attn_scale=0.5 * HD ** -0.5),
