@@ -42,15 +42,15 @@ def made_by(ctx, specs, kinds, what):
     return out
 
 
-def blocks(s, root):
+def blocks(s, root, ctx=None):
     """{block name: markdown} of every table the study declares, from its committed logs."""
-    return made_by(Context(s, root), s.tables, TABLES, 'table')
+    return made_by(ctx or Context(s, root), s.tables, TABLES, 'table')
 
 
-def write_figures(s, root, folder):
+def write_figures(s, root, folder, ctx=None):
     """Each figure the study declares whose runs are committed (a kind returns None until
     then)."""
-    ctx = Context(s, root)
+    ctx = ctx or Context(s, root)
     drawn = made_by(ctx, {name: dict(spec, path=os.path.join(folder, name))
                           for name, spec in s.figures.items()}, figures.FIGURES, 'figure')
     return [name for name, done in drawn.items() if done]
@@ -63,12 +63,13 @@ def write_report(s, root):
                         "blocks are rewritten")
     with open(s.docs) as f:
         text = f.read()
-    made = blocks(s, root)
+    ctx = Context(s, root)  # every committed log read once, for the tables and the figures
+    made = blocks(s, root, ctx)
     missing = [name for name in made if f'<!-- generated: {name} -->' not in text]
     if missing:
         raise UserError(f"{s.docs} has no block for {', '.join(missing)}: add "
                         f"'<!-- generated: {missing[0]} -->' and '<!-- end -->' where it goes")
     write_text(s.docs, fill(text, made))
     print(f"wrote {len(made)} block{'' if len(made) == 1 else 's'} of {s.name} into {s.docs}")
-    write_figures(s, root, os.path.join(os.path.dirname(s.docs), 'assets'))
+    write_figures(s, root, os.path.join(os.path.dirname(s.docs), 'assets'), ctx)
     return made

@@ -209,9 +209,7 @@ def budgets_figure(ctx, path, comparisons, references, params, paper=440):
     for c in references + comparisons:
         gaps = ctx.gaps(c['arm'], c['ref'], c['seeds'])
         if len(gaps) == len(c['seeds']):
-            steps = tables.schedule_of(ctx, c['arm'], base)['max_iters']
-            tokens = steps * base['batch_size'] * base['block_size'] * \
-                base['gradient_accumulation_steps']
+            tokens = S.tokens(tables.schedule_of(ctx, c['arm'], base))
             points.append((c, tokens / params, stats.interval95(list(gaps.values()))))
     if not any(c in comparisons for c, _, _ in points):
         return None

@@ -317,23 +317,32 @@ def shell_line(c, s, run, base, logging):
 # -----------------------------------------------------------------------------
 # committed runs
 
-def run_finished(folder):
-    """Whether folder holds a run that reached its final evaluation (max_iters, full val loss)."""
+def last_evaluation(folder):
+    """The full val loss at max_iters of the run in folder; None unless it got there."""
     config_path, log_path = os.path.join(folder, 'config.json'), os.path.join(folder, 'log.jsonl')
     if not (os.path.exists(config_path) and os.path.exists(log_path)):
-        return False
+        return None
     max_iters = read_json(config_path, 'config.json')['max_iters']
-    return any(e.get('iter') == max_iters and 'val_loss_full' in e for e in read_jsonl(log_path))
+    return next((e['val_loss_full'] for e in reversed(read_jsonl(log_path))
+                 if e.get('iter') == max_iters and 'val_loss_full' in e), None)
+
+
+def run_finished(folder):
+    """Whether folder holds a run that reached its final evaluation (max_iters, full val loss)."""
+    return last_evaluation(folder) is not None
 
 
 def final_loss(folder):
     """The full val loss of a committed run, inf for a diverged one, None if it is not there."""
     if os.path.exists(os.path.join(folder, 'diverged.txt')):
         return math.inf
-    if not run_finished(folder):
-        return None
-    return next(e['val_loss_full'] for e in reversed(read_jsonl(os.path.join(folder, 'log.jsonl')))
-                if 'val_loss_full' in e)
+    return last_evaluation(folder)
+
+
+def tokens(config):
+    """The training tokens of a run with these settings (one process)."""
+    return (config['max_iters'] * config['batch_size'] * config['block_size']
+            * config['gradient_accumulation_steps'])
 
 
 def committed(root, name):

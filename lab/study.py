@@ -68,12 +68,17 @@ def start(run, c, s, base, logging):
                                 stdout=out, stderr=err, env=env)
 
 
+def commit(run, c, s):
+    """(commit_run's state word for the run's work folder, the run's stderr)."""
+    work = work_dir(c, s, run)
+    err = os.path.join(work, 'stderr.txt')
+    error = open(err).read() if os.path.exists(err) else ''
+    return commit_run(work, os.path.join(c['root'], s.name, run.name), error), error
+
+
 def finish(run, c, s):
     """Commit a run whose process ended; its state word, None for a run that stopped."""
-    work = work_dir(c, s, run)
-    with open(os.path.join(work, 'stderr.txt')) as f:
-        error = f.read()
-    state = commit_run(work, os.path.join(c['root'], s.name, run.name), error)
+    state, error = commit(run, c, s)
     tail = error.strip().splitlines()[-1] if error.strip() else "no error"
     print(f"{time.strftime('%H:%M:%S')} {state or 'stopped'} {run.name}"
           + ("" if state == 'finished' else f": {tail}"), flush=True)
@@ -158,11 +163,8 @@ def collect(c, s):
     """Commit each pending run that finished (or diverged) in its work folder."""
     states = {}
     for run in pending(s, c['root'])[0]:
-        work = work_dir(c, s, run)
-        if os.path.isdir(work):
-            err = os.path.join(work, 'stderr.txt')
-            error = open(err).read() if os.path.exists(err) else ''
-            states[run.name] = commit_run(work, os.path.join(c['root'], s.name, run.name), error)
+        if os.path.isdir(work_dir(c, s, run)):
+            states[run.name] = commit(run, c, s)[0]
             if states[run.name]:
                 print(f"{states[run.name]} {run.name}")
     print(f"collected {sum(map(bool, states.values()))} run(s) into {c['root']}/{s.name}/")

@@ -83,6 +83,13 @@ def interval_cell(values):
     return f"{pct(m)} [{pct(lo)}, {pct(hi)}]"
 
 
+def gap_cells(r):
+    """A comparison's paired gap as the cells 'mean ± sd | interval (level) | t p (Holm)'."""
+    return (f"{pct(r['mean'])} ± {r['sd']:.2f}% | [{pct(r['mean'] - r['half'])}, "
+            f"{pct(r['mean'] + r['half'])}] ({100 * r['level']:.1f}%) | "
+            f"{fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])})")
+
+
 def eval_series(log, key='val_loss'):
     return {e['iter']: e[key] for e in log if key in e}
 
@@ -255,11 +262,9 @@ def verdicts_table(ctx, comparisons, explain, margin=stats.MARGIN):
     for c, r in zip(comparisons, found):
         if r is not None:
             flag = " (t and sign-flip disagree at 0.05)" if r['flag'] else ""
-            rows.append(f"| {c['label']} {c['arm']} − {c['ref']} | {r['n']} | {pct(r['mean'])} ± "
-                        f"{r['sd']:.2f}% | [{pct(r['mean'] - r['half'])}, "
-                        f"{pct(r['mean'] + r['half'])}] ({100 * r['level']:.1f}%) | "
-                        f"{fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])}) | {fmt_p(r['p_perm'])} | "
-                        f"{fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) | {r['mde']:.2f}% | "
+            rows.append(f"| {c['label']} {c['arm']} − {c['ref']} | {r['n']} | {gap_cells(r)} | "
+                        f"{fmt_p(r['p_perm'])} | {fmt_p(r['p_tost'])} "
+                        f"({fmt_p(r['p_tost_holm'])}) | {r['mde']:.2f}% | "
                         f"**{r['verdict']}**{flag} |")
     return ('\n'.join(means_table(ctx, comparisons)) + '\n\n' + '\n'.join(rows) + '\n\n' + explain
             + '\n' + ("\n" + note if note else ""))
@@ -577,27 +582,27 @@ def budgets_table(ctx, comparisons, references, params, margin=stats.MARGIN):
     gap at v3's 1x schedule (`references`, which ends at 93.6% of the peak LR), with tokens per
     parameter."""
     found, gaps = comparison_stats(ctx, comparisons, margin)
+    # a reference is a family of its own; so is an annealed comparison whose seeds are in while
+    # its family's are not (unadjusted, and marked so)
+    rows_of = [(c, comparison_stats(ctx, [c], margin)[0][0], False) for c in references]
+    for c, r, g in zip(comparisons, found, gaps):
+        alone = r is None and len(g) == len(c['seeds'])
+        if alone:
+            r = comparison_stats(ctx, [dict(c, family=c['label'])], margin)[0][0]
+        rows_of.append((c, r, alone))
     base = S.base_config(ctx.s)
     rows = ["| schedule | steps | tokens | tokens per parameter | peak LR (ref, arm) "
             "| paired gap, mean ± sd | interval (level) | t p (Holm) | resolution | verdict |",
             "|---|---|---|---|---|---|---|---|---|---|"]
-    for c in references + comparisons:
-        r = found[comparisons.index(c)] if c in comparisons else \
-            comparison_stats(ctx, [c], margin)[0][0]
-        alone = r is None and len(ctx.gaps(c['arm'], c['ref'], c['seeds'])) == len(c['seeds'])
-        if alone:  # its seeds are in, its family's are not: unadjusted, and marked so
-            r = comparison_stats(ctx, [dict(c, family=c['label'])], margin)[0][0]
+    for c, r, alone in rows_of:
         if r is None:
             rows.append(f"| {c['label']} | | | | | not yet | | | | |")
             continue
-        steps = schedule_of(ctx, c['arm'], base)['max_iters']
-        tokens = steps * base['batch_size'] * base['block_size'] * \
-            base['gradient_accumulation_steps']
+        schedule = schedule_of(ctx, c['arm'], base)
+        tokens = S.tokens(schedule)
         lrs = f"{ctx.plan.chosen[c['ref']][0]:g}, {ctx.plan.chosen[c['arm']][0]:g}"
-        rows.append(f"| {c['label']} | {steps} | {tokens / 1e6:.2f}M | {tokens / params:.1f} | "
-                    f"{lrs} | {pct(r['mean'])} ± {r['sd']:.2f}% | [{pct(r['mean'] - r['half'])}, "
-                    f"{pct(r['mean'] + r['half'])}] ({100 * r['level']:.1f}%) | "
-                    f"{fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])}) | {r['mde']:.2f}% | "
+        rows.append(f"| {c['label']} | {schedule['max_iters']} | {tokens / 1e6:.2f}M | "
+                    f"{tokens / params:.1f} | {lrs} | {gap_cells(r)} | {r['mde']:.2f}% | "
                     f"**{r['verdict']}**{' (unadjusted: its family waits)' if alone else ''} |")
     return '\n'.join(rows) + '\n'
 

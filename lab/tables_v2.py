@@ -7,7 +7,7 @@ import math
 import os
 
 from lab import plan as S, stats
-from lab.tables import fmt_p, interval_cell, pct
+from lab.tables import fmt_p, gap_cells, interval_cell, pct
 
 
 def wd_lr_tuning_table(ctx, arms):
@@ -55,9 +55,7 @@ def arm_verdicts_table(ctx, arms, seeds, margin=stats.MARGIN):
             continue
         r = found[i - 1]
         flag = " (t and sign-flip disagree at 0.05)" if r['flag'] else ""
-        rows.append(f"{head} {pct(r['mean'])} ± {r['sd']:.2f}% | [{pct(r['mean'] - r['half'])}, "
-                    f"{pct(r['mean'] + r['half'])}] ({100 * r['level']:.1f}%) "
-                    f"| {fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])}) | {fmt_p(r['p_perm'])} "
+        rows.append(f"{head} {gap_cells(r)} | {fmt_p(r['p_perm'])} "
                     f"| {fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) "
                     f"| **{r['verdict']}**{flag} |")
     noise = '; '.join(f"{arm} {found[i]['mde']:.2f}%" for i, arm in enumerate(arms[1:]))
@@ -70,8 +68,7 @@ def seed_slopes(ctx, pair, budgets, seeds):
     """Per seed: [(tokens, gap %)] over the budgets and the full run, and the least-squares slope
     of the gap per doubling of tokens."""
     base = S.base_config(ctx.s)
-    tokens_full = (base['max_iters'] * base['batch_size'] * base['block_size']
-                   * base['gradient_accumulation_steps'])
+    tokens_full = S.tokens(base)
     series = {}
     for b in (*budgets, 1.0):
         for seed, g in ctx.gaps(pair[1], pair[0], seeds, budget=b).items():
