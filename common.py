@@ -438,6 +438,13 @@ def bins_match_meta(data_dir, meta):
     return None
 
 
+def key_generator(key):
+    """A torch generator seeded by key (a tuple of ints) alone: the same draws on every machine,
+    restart and world size."""
+    seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
+    return torch.Generator().manual_seed(seed)
+
+
 class Dataset:
     """A prepared dataset, checked before anything reads it, that gives (x, y) token windows."""
 
@@ -450,10 +457,8 @@ class Dataset:
     def starts(self, split, count, *key):
         """`count` window starts drawn from a generator seeded by key alone: the same windows for
         every model, restart and world size."""
-        seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
-        g = torch.Generator().manual_seed(seed)
         high = self.tokens(split) - self.block_size - 1
-        return torch.randint(high, (count,), generator=g).numpy()
+        return torch.randint(high, (count,), generator=key_generator(key)).numpy()
 
     def tiling(self, split, batch_size):
         """Batches of up to batch_size window starts, with their window length, in which every

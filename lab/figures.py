@@ -128,9 +128,8 @@ def induction_figure(ctx, path, arms, seeds, threshold):
 
 def lag_figure(ctx, path, comparisons, levels):
     """The step lag against the loss level, one line per comparison (mean, 95% interval)."""
-    drawn = [(c, tables.seed_lags(ctx, c, levels)) for c in comparisons]
-    drawn = [(c, lags) for c, lags in drawn if lags and len(next(iter(lags.values())))
-             == len(c['seeds'])]
+    drawn = [(c, tables.complete_lags(ctx, c, levels)) for c in comparisons]
+    drawn = [(c, lags) for c, lags in drawn if lags is not None]
     if not drawn:
         return None
     fig, ax = report.pyplot().subplots(figsize=(10.5, 4.8))
@@ -186,8 +185,8 @@ def lag_panel(ctx, ax, comparisons, levels, colors):
     """The mean step lag of each comparison whose seeds have all finished, in its arm's
     colour."""
     for c in comparisons:
-        lags = tables.seed_lags(ctx, c, levels)
-        if not lags or len(next(iter(lags.values()))) < len(c['seeds']):
+        lags = tables.complete_lags(ctx, c, levels)
+        if lags is None:
             continue
         shown = [lv for lv in levels if lv in lags]
         ax.plot(shown, [sum(lags[lv].values()) / len(lags[lv]) for lv in shown], marker='o',

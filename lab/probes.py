@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common import key_generator
 from model import causal_mask
 
 # Keys of the probes' batches, next to the (data_seed, step) keys of the training batches: above
@@ -118,8 +119,7 @@ def repeated_tokens(data, count, *key):
     copying."""
     seen = np.unique(data.array('train')[:2 ** 20])
     seen = torch.from_numpy(seen[seen != data.meta['eot']].astype(np.int64))
-    seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
-    g = torch.Generator().manual_seed(seed)
+    g = key_generator(key)
     half = seen[torch.randint(len(seen), (count, data.block_size // 2), generator=g)]
     return torch.cat([half, half], dim=1)
 

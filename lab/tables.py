@@ -481,6 +481,12 @@ def seed_lags(ctx, c, levels):
     return reached
 
 
+def complete_lags(ctx, c, levels):
+    """seed_lags of the comparison once every one of its seeds has finished; None until then."""
+    lags = seed_lags(ctx, c, levels)
+    return lags if lags and len(next(iter(lags.values()))) >= len(c['seeds']) else None
+
+
 def steps_cell(values):
     m, lo, hi = stats.interval95(values)
     return f"{m:+.0f} [{lo:+.0f}, {hi:+.0f}]"
@@ -493,8 +499,8 @@ def lag_table(ctx, comparisons, levels, figure=None):
     header = "| comparison | " + " | ".join(f"{lv:g}" for lv in levels) + \
         f" | mean, {levels[1]:g} and below |"
     for c in comparisons:
-        lags = seed_lags(ctx, c, levels)
-        if not lags or len(next(iter(lags.values()))) < len(c['seeds']):
+        lags = complete_lags(ctx, c, levels)
+        if lags is None:
             waiting.append(f"{c['arm']} − {c['ref']}")
             continue
         cells = [steps_cell(list(lags[lv].values())) if lv in lags else "not reached"
@@ -524,8 +530,8 @@ def seed_lag_table(ctx, comparisons, levels):
     arm that changes one thing removes the delay on every seed or on average."""
     columns = []
     for c in comparisons:
-        lags = seed_lags(ctx, c, levels)
-        if not lags or len(next(iter(lags.values()))) < len(c['seeds']):
+        lags = complete_lags(ctx, c, levels)
+        if lags is None:
             return f"Not yet: {c['arm']} − {c['ref']} lacks seeds.\n"
         columns.append(mean_lags(lags, levels[1:]))
     seeds = sorted(columns[0])
