@@ -49,6 +49,10 @@ class Study:
     def variant(self, arm):
         return self.arms[arm].get('variant', arm)
 
+    def tuning_of(self, arm):
+        """The study's tuning settings with the arm's own over them."""
+        return dict(self.tuning, **self.arms[arm].get('tuning', {}))
+
 
 def load_study(path):
     if not os.path.isfile(path):
@@ -168,7 +172,7 @@ def lr_grid(s, arm, chosen):
     """The arm's starting LR grid: declared, or the selected LR of another arm with its two
     neighbours ({'around': arm}) on the lattice anchor * step^k (so that 1.41e-3 * sqrt(2) is
     named 2e-3, not 1.99e-3); None while that arm is still tuning."""
-    grid, t = s.arm(arm).get('grid'), dict(s.tuning, **s.arm(arm).get('tuning', {}))
+    grid, t = s.arm(arm).get('grid'), s.tuning_of(arm)
     if not isinstance(grid, dict):
         return tuple(grid)
     if grid['around'] not in chosen:
@@ -178,13 +182,13 @@ def lr_grid(s, arm, chosen):
 
 
 def tuning_seeds(s, arm):
-    return dict(s.tuning, **s.arm(arm).get('tuning', {}))['seeds']
+    return s.tuning_of(arm)['seeds']
 
 
 def tune(s, arm, results, chosen):
     """(the arm's tuning runs named so far, its (lr, wd) or None while they are not all in). A
     fixed lr is not tuned; a weight decay of None is searched first, at lr_start (v2's design)."""
-    spec, t = s.arm(arm), dict(s.tuning, **s.arm(arm).get('tuning', {}))
+    spec, t = s.arm(arm), s.tuning_of(arm)
     wd, runs = spec.get('weight_decay'), []
     if spec.get('lr') is not None:
         return [], (spec['lr'], wd)
