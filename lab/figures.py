@@ -214,10 +214,10 @@ def budgets_figure(ctx, path, comparisons, references, params, paper=440):
         return None
     fig, ax = report.pyplot().subplots(figsize=(7.5, 4.6))
     for c, x, (m, lo, hi) in points:
-        annealed = c in comparisons
-        ax.errorbar([x], [m], yerr=[[m - lo], [hi - m]], capsize=4,
+        annealed = c in comparisons  # a reference shares its budget's x: drawn just left of it
+        ax.errorbar([x if annealed else x / 1.08], [m], yerr=[[m - lo], [hi - m]], capsize=4,
                     marker='o' if annealed else 's', color='C0' if annealed else 'grey',
-                    label=c['label'])
+                    label=c['label'] + ('' if annealed else ' (drawn just left of its budget)'))
     ax.axvline(paper, color='black', ls=':', lw=1,
                label=f"the paper's runs: ~{paper} tokens per parameter")
     ax.axhline(0, color='black', lw=0.8)
