@@ -143,9 +143,9 @@ def test_train_prints_only_what_differs_from_its_defaults_and_how_to_sample(data
 
 
 @pytest.mark.slow
-def test_a_wrong_type_on_the_command_line_is_one_line_and_no_traceback(tmp_path):
-    calls = [['train.py', '--attn_scale=abc'], ['train.py', '--vocab_size=1e3'],
-             ['sample.py', '--top_p=high'], ['prepare.py', '--tokenizer=bytes']]
+def test_a_wrong_type_on_the_command_line_is_one_line_and_no_traceback(tmp_path, capsys):
+    calls = [['train.py', '--attn_scale=abc'], ['sample.py', '--top_p=high'],
+             ['prepare.py', '--tokenizer=bytes']]  # one command line for each script
     procs = [subprocess.Popen([sys.executable, *argv, f'--out_dir={tmp_path}/o'] if 'prepare'
                               not in argv[0] else [sys.executable, *argv], cwd=HERE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -154,3 +154,5 @@ def test_a_wrong_type_on_the_command_line_is_one_line_and_no_traceback(tmp_path)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 2 and err.count('\n') == 1 and 'Traceback' not in err, err
     assert "did you mean 'byte'" in err  # --tokenizer=bytes: one of byte, gpt2
+    code, err = run(train, ['--vocab_size=1e3', f'--out_dir={tmp_path}/o'], capsys)
+    assert code == 2 and err.count('\n') == 1 and 'Traceback' not in err, err  # not an int

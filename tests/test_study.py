@@ -4,6 +4,7 @@ logs with known answers, on a tiny study run for real, and on the committed expe
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -379,12 +380,15 @@ def test_a_new_study_file_runs_commits_and_reports_and_its_print_lines_do_the_sa
     assert row.startswith(f"| (a) reduced − baseline | 2 | {sum(gaps) / 2:+.2f}% ± ")
     assert made['tiny_verdict'].endswith('Two seeds.\n')
     assert made['tiny_verdict'] in open(tmp_path / 'tiny.md').read()
-    # the same study by its printed lines, as a scheduler would run them
+    # the same study by its printed lines, as a scheduler would run them: seed 1 is committed
+    # there already, so they name seed 2's runs only
     other, other_work = str(tmp_path / 'again'), str(tmp_path / 'work2')
+    for run in ('baseline_lr0.002_wd0.1_s1', 'reduced_lr0.002_wd0.03125_s1'):
+        shutil.copytree(os.path.join(root, 'tiny', run), os.path.join(other, 'tiny', run))
     lines = S.main([path, f'--root={other}', f'--work_root={other_work}', '--print=True',
                     '--threads=1'])[0]
     script = capsys.readouterr().out
-    assert len(lines) == len(script.splitlines()) == 4
+    assert len(lines) == len(script.splitlines()) == 2 and {r.seed for r in lines} == {2}
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
     halves = ['\n'.join(script.splitlines()[i::2]) for i in (0, 1)]  # two shells, as two nodes
     shells = [subprocess.Popen(['bash', '-e', '-c', half], cwd=HERE, env=env, text=True,
@@ -393,7 +397,7 @@ def test_a_new_study_file_runs_commits_and_reports_and_its_print_lines_do_the_sa
         _, err = shell.communicate(timeout=600)
         assert shell.returncode == 0, err[-2000:]
     S.main([path, f'--root={other}', f'--work_root={other_work}', '--collect=True'])
-    assert 'collected 4 run(s)' in capsys.readouterr().out
+    assert 'collected 2 run(s)' in capsys.readouterr().out
     again = docs.blocks(P.load_study(path), other)
     assert again == made  # the same runs, the same table
     assert S.main([path, f'--root={other}', '--print=True'])[0] == []
