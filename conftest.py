@@ -35,3 +35,15 @@ def data_root(tmp_path_factory):
     prepare.prepare(dict(prepare.DEFAULTS, dataset=str(docs), tokenizer='byte',
                          data_root=str(root), num_proc=1, out_name='tiny'))
     return str(root)
+
+
+@pytest.fixture
+def command_line(capsys):
+    """Run script.main(argv) under run_main, as its command line does: (exit code, stderr)."""
+    import common
+
+    def run(script, argv):
+        with pytest.raises(SystemExit) as stop:
+            common.run_main(lambda: script.main(argv))
+        return stop.value.code, capsys.readouterr().err
+    return run

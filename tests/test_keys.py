@@ -32,20 +32,14 @@ def wrong_value(key, script):
     return 'abc'  # int, float, tuple
 
 
-def run(script, argv, capsys):
-    """script's main under run_main, as its command line runs it: (exit code, stderr)."""
-    with pytest.raises(SystemExit) as stop:
-        common.run_main(lambda: script.main(argv))
-    return stop.value.code, capsys.readouterr().err
-
-
 @pytest.mark.parametrize('name,key', [(name, key) for name, script in SCRIPTS.items()
                                       for key in script.DEFAULTS])
-def test_a_wrong_type_is_one_line_exit_2_and_writes_nothing(name, key, tmp_path, capsys):
+def test_a_wrong_type_is_one_line_exit_2_and_writes_nothing(name, key, tmp_path,
+                                                              command_line):
     script, out = SCRIPTS[name], tmp_path / 'out'
     where = dict(train='out_dir', sample='out_dir', prepare='data_root')[name]
     argv = [f'--{where}={out}', f'--{key}={wrong_value(key, script)}']
-    code, err = run(script, argv, capsys)
+    code, err = command_line(script, argv)
     assert code == 2 and err.count('\n') == 1 and err.startswith(f'error: --{key}='), err
     assert 'Traceback' not in err and f' {key} must be' in err
     assert not out.exists() and os.listdir(tmp_path) == []
@@ -77,10 +71,10 @@ def test_compile_false_never_compiles(monkeypatch, data_root, tmp_path):
 @pytest.mark.parametrize('device,message', [
     ('gpu', 'device must be cpu, cuda, cuda:N or mps'),
     ('cuda', 'this torch has no CUDA device')])
-def test_a_device_this_torch_lacks_is_one_line(script, device, message, tmp_path, capsys,
+def test_a_device_this_torch_lacks_is_one_line(script, device, message, tmp_path, command_line,
                                                monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)  # as on a CPU-only torch
-    code, err = run(script, [f'--out_dir={tmp_path}/out', f'--device={device}'], capsys)
+    code, err = command_line(script, [f'--out_dir={tmp_path}/out', f'--device={device}'])
     assert code == 2 and err.count('\n') == 1 and message in err, err
     assert not (tmp_path / 'out').exists()
 
@@ -96,25 +90,26 @@ def test_help_says_what_each_key_takes():
     assert 'A bool takes True or False (or true, false)' in text
 
 
-def test_a_run_that_fails_before_it_starts_leaves_nothing(data_root, tmp_path, capsys):
+def test_a_run_that_fails_before_it_starts_leaves_nothing(data_root, tmp_path, command_line):
     tiny = ['--dataset=tiny', f'--data_root={data_root}', '--n_layer=1', '--n_embd=32',
             '--block_size=32', '--batch_size=2', '--gradient_accumulation_steps=1',
             '--max_iters=2', '--eval_interval=2', '--eval_iters=1', '--device=cpu']
     bad = '--n_head=3'  # 32 is not divisible by 3: the model cannot be made, after the lock
-    code, err = run(train, tiny + [f'--out_dir={tmp_path}/new', bad], capsys)
+    code, err = command_line(train, tiny + [f'--out_dir={tmp_path}/new', bad])
     assert code == 2 and 'n_embd (32) must be divisible by n_head (3)' in err
     assert not (tmp_path / 'new').exists()
     kept = tmp_path / 'kept'
     kept.mkdir()
     (kept / 'notes.txt').write_text('mine')
-    code, err = run(train, tiny + [f'--out_dir={kept}', bad], capsys)
+    code, err = command_line(train, tiny + [f'--out_dir={kept}', bad])
     assert code == 2 and sorted(os.listdir(kept)) == ['notes.txt']
     # a run that starts writes its config, log and lock as before
     train.main(tiny + [f'--out_dir={tmp_path}/ok', '--n_head=2'])
     assert {'config.json', 'log.jsonl', 'ckpt.pt', '.lock'} <= set(os.listdir(tmp_path / 'ok'))
 
 
-def test_a_resume_that_fails_before_it_starts_keeps_the_runs_files(data_root, tmp_path, capsys):
+def test_a_resume_that_fails_before_it_starts_keeps_the_runs_files(data_root, tmp_path,
+                                                                   command_line):
     tiny = ['--dataset=tiny', f'--data_root={data_root}', '--n_layer=1', '--n_embd=32',
             '--n_head=2', '--block_size=32', '--batch_size=2', '--gradient_accumulation_steps=1',
             '--eval_interval=2', '--device=cpu', f'--out_dir={tmp_path}/run']
@@ -122,8 +117,8 @@ def test_a_resume_that_fails_before_it_starts_keeps_the_runs_files(data_root, tm
     before = {f: (tmp_path / 'run' / f).read_bytes()
               for f in ('config.json', 'log.jsonl', 'ckpt.pt', '.lock')}
     # refused after the lock and the checkpoint's reading: nothing the run wrote changes
-    code, err = run(train, tiny + ['--max_iters=4', '--init_from=resume', '--eval_iters=0'],
-                    capsys)
+    code, err = command_line(train, tiny + ['--max_iters=4', '--init_from=resume',
+                                            '--eval_iters=0'])
     assert code == 2 and 'eval_iters must be positive' in err
     assert {f: (tmp_path / 'run' / f).read_bytes() for f in before} == before
 
@@ -143,7 +138,7 @@ def test_train_prints_only_what_differs_from_its_defaults_and_how_to_sample(data
 
 
 @pytest.mark.slow
-def test_a_wrong_type_on_the_command_line_is_one_line_and_no_traceback(tmp_path, capsys):
+def test_a_wrong_type_on_the_command_line_is_one_line_and_no_traceback(tmp_path, command_line):
     calls = [['train.py', '--attn_scale=abc'], ['sample.py', '--top_p=high'],
              ['prepare.py', '--tokenizer=bytes']]  # one command line for each script
     procs = [subprocess.Popen([sys.executable, *argv, f'--out_dir={tmp_path}/o'] if 'prepare'
@@ -154,5 +149,5 @@ def test_a_wrong_type_on_the_command_line_is_one_line_and_no_traceback(tmp_path,
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 2 and err.count('\n') == 1 and 'Traceback' not in err, err
     assert "did you mean 'byte'" in err  # --tokenizer=bytes: one of byte, gpt2
-    code, err = run(train, ['--vocab_size=1e3', f'--out_dir={tmp_path}/o'], capsys)
+    code, err = command_line(train, ['--vocab_size=1e3', f'--out_dir={tmp_path}/o'])
     assert code == 2 and err.count('\n') == 1 and 'Traceback' not in err, err  # not an int

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import prepare
-from common import UserError, get_tokenizer, run_main
+from common import UserError, get_tokenizer
 
 DOCS = [f"Document {i}: the quick brown fox, café ünïcode ✓ {'word ' * (i % 7)}<|endoftext|> "
         "stays text." for i in range(40)]
@@ -186,15 +186,13 @@ def test_bad_input_is_one_clear_error(tmp_path, kw, message):
 
 
 @pytest.mark.slow
-def test_cli_error_is_one_line_without_traceback(tmp_path, capsys):
+def test_cli_error_is_one_line_without_traceback(tmp_path, command_line):
     r = subprocess.run([sys.executable, 'prepare.py', f'--dataset={tmp_path}/nope.txt',
                         f'--data_root={tmp_path}'], capture_output=True, text=True, cwd=HERE)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"error: no such file or folder: {tmp_path}/nope.txt"]
-    with pytest.raises(SystemExit) as stop:  # as the command line runs main
-        run_main(lambda: prepare.main(['--nmu_proc=2']))
-    assert stop.value.code == 2
-    assert "unknown config key 'nmu_proc' (did you mean 'num_proc'?)" in capsys.readouterr().err
+    code, err = command_line(prepare, ['--nmu_proc=2'])
+    assert code == 2 and "unknown config key 'nmu_proc' (did you mean 'num_proc'?)" in err
 
 
 def test_hub_dataset_with_a_loading_script_says_what_to_do(tmp_path, monkeypatch):

@@ -212,16 +212,14 @@ def test_resume_rejects_a_dataset_the_model_cannot_read(data_root, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_errors_are_one_line(data_root, tmp_path, capsys):
+def test_cli_errors_are_one_line(data_root, tmp_path, command_line):
     r = subprocess.run([sys.executable, 'train.py', 'config/nope.py'], cwd=HERE,
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: config file 'config/nope.py' not found (arguments are config files and "
         "--key=value)"]
-    with pytest.raises(SystemExit) as stop:  # as the command line runs main
-        common.run_main(lambda: train.main(argv(data_root, tmp_path, dataset='missing')))
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1
+    code, err = command_line(train, argv(data_root, tmp_path, dataset='missing'))
+    assert code == 2 and len(err.strip().splitlines()) == 1
     assert 'prepare.py --dataset=missing' in err
 
 
