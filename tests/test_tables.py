@@ -87,3 +87,14 @@ def test_an_annealed_budget_whose_family_waits_is_shown_unadjusted_and_marked():
     ctx.gaps_of[('c', 'd')] = {1: 0.1, 2: -0.1, 3: 0.0}
     rows = tables.budgets_table(ctx, [one, other], [], params=1000).splitlines()
     assert 'unadjusted' not in '\n'.join(rows) and '| one |' in rows[2]
+
+
+def test_the_budgets_table_gives_how_far_the_gap_moves_between_schedules_on_shared_seeds():
+    one = dict(label='one', arm='a', ref='b', seeds=(1, 2, 3), family='anneal')
+    other = dict(label='other', arm='c', ref='d', seeds=(1, 2), family='anneal')
+    ctx = Budgets({('a', 'b'): {1: 1.0, 2: 1.2, 3: 0.8}})
+    assert 'change of the paired gap' not in tables.budgets_table(ctx, [one, other], [], 1000)
+    ctx.gaps_of[('c', 'd')] = {1: 3.0, 2: 4.2}  # moves +2.0 and +3.0 on seeds 1 and 2 only
+    text = tables.budgets_table(ctx, [one, other], [], params=1000)
+    # mean 2.5, sd 0.707 over 2 seeds: t(0.975, 1) 12.71 x 0.5 = 6.35; t = 5, p = 0.126
+    assert "| other − one | 1–2 | +2.50% [-3.85%, +8.85%] | 0.126 | 2 of 2 |" in text
