@@ -492,10 +492,11 @@ def steps_cell(values):
     return f"{m:+.0f} [{lo:+.0f}, {hi:+.0f}]"
 
 
-def lag_table(ctx, comparisons, levels, figure=None):
+def lag_table(ctx, comparisons, levels, figure=None, changes=False):
     """Per comparison, the steps the arm needs beyond its reference to reach each loss level
-    (mean [95% interval] over the paired seeds), and their mean from the second level down."""
-    rows, waiting = [], []
+    (mean [95% interval] over the paired seeds), and their mean from the second level down;
+    with `changes`, how that mean moves from each comparison to the next (lag_changes)."""
+    rows, waiting, complete = [], [], []
     header = "| comparison | " + " | ".join(f"{lv:g}" for lv in levels) + \
         f" | mean, {levels[1]:g} and below |"
     for c in comparisons:
@@ -506,6 +507,7 @@ def lag_table(ctx, comparisons, levels, figure=None):
         cells = [steps_cell(list(lags[lv].values())) if lv in lags else "not reached"
                  for lv in levels]
         per_seed = mean_lags(lags, levels[1:])
+        complete.append((c, lags))
         rows.append(f"| {c['label']} {c['arm']} − {c['ref']} | " + " | ".join(cells) +
                     f" | {steps_cell(list(per_seed.values())) if per_seed else '-'} |")
     note = "Not yet: " + ", ".join(waiting) + ".\n" if waiting else ""
@@ -515,7 +517,26 @@ def lag_table(ctx, comparisons, levels, figure=None):
     return ('\n'.join([header, "|---|" + "---|" * (len(levels) + 1)] + rows) +
             "\n\nSteps the arm needs beyond its reference to reach each fixed-window val loss "
             "(a crossing interpolated between evaluations); positive: the arm is later.\n"
+            + (lag_changes(complete, levels[1:]) if changes else "")
             + shown + ("\n" + note if note else ""))
+
+
+def lag_changes(complete, levels):
+    """Seed by seed, the change of the mean lag from each comparison to the next, over the
+    levels both reach and the seeds both have."""
+    rows = ["| change of the mean lag | levels | seeds | mean [95% interval], steps | t p "
+            "| shorter on |", "|---|---|---|---|---|---|"]
+    for (before, first), (after, second) in zip(complete, complete[1:]):
+        used = [lv for lv in levels if lv in first and lv in second]
+        seeds = sorted(set(first[used[0]]) & set(second[used[0]])) if used else []
+        if len(seeds) < 2:
+            continue
+        moves = [sum(second[lv][s] - first[lv][s] for lv in used) / len(used) for s in seeds]
+        rows.append(f"| {after['label']} − {before['label']} | {used[0]:g}–{used[-1]:g} | "
+                    f"{seeds[0]}–{seeds[-1]} | {steps_cell(moves)} | "
+                    f"{fmt_p(stats.tests(moves, 0)['p_t'])} | "
+                    f"{sum(x < 0 for x in moves)} of {len(seeds)} |")
+    return "" if len(rows) == 2 else "\n" + "\n".join(rows) + "\n"
 
 
 def mean_lags(lags, levels):

@@ -98,3 +98,14 @@ def test_the_budgets_table_gives_how_far_the_gap_moves_between_schedules_on_shar
     text = tables.budgets_table(ctx, [one, other], [], params=1000)
     # mean 2.5, sd 0.707 over 2 seeds: t(0.975, 1) 12.71 x 0.5 = 6.35; t = 5, p = 0.126
     assert "| other − one | 1–2 | +2.50% [-3.85%, +8.85%] | 0.126 | 2 of 2 |" in text
+
+
+def test_the_lag_table_can_give_how_the_mean_lag_moves_from_one_comparison_to_the_next():
+    ctx = Logs({('arm', 1): 30, ('ref', 1): 0, ('arm', 2): 50, ('ref', 2): 0,
+                ('arm2', 1): 10, ('arm2', 2): 40})
+    one = dict(label='one', arm='arm', ref='ref', seeds=(1, 2))
+    two = dict(label='two', arm='arm2', ref='ref', seeds=(1, 2))
+    assert 'change of the mean lag' not in tables.lag_table(ctx, [one, two], (2.5, 2.0, 1.0))
+    text = tables.lag_table(ctx, [one, two], (2.5, 2.0, 1.0), changes=True)
+    # lags 30, 50 then 10, 40 at level 2.0 (1.0 not reached): moves -20, -10, mean -15, sd 7.07
+    assert "| two − one | 2–2 | 1–2 | -15 [-79, +49] | 0.205 | 2 of 2 |" in text

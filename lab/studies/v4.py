@@ -103,7 +103,8 @@ tables = dict(
                       levels=LEVELS),
     v4_logits=dict(kind='logits', arms=ARMS, seeds=TEST, steps=(100, 300, 1200)),
     v4_budgets=dict(kind='budgets', comparisons=ANNEALED, references=UNANNEALED, params=PARAMS),
-    v4_budget_lag=dict(kind='lag', comparisons=[*UNANNEALED, *ANNEALED], levels=LEVELS),
+    v4_budget_lag=dict(kind='lag', comparisons=[*UNANNEALED, *ANNEALED], levels=LEVELS,
+                       changes=True),
     v4_climb=dict(kind='climb', arms=CLIMB, lrs=(8e-3, 1.13e-2, 1.6e-2, 2.26e-2)),
 )
 figures = {
