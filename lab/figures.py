@@ -89,10 +89,13 @@ def trajectory_figure(ctx, path, comparisons):
     if not comps:
         return None
     fig, ax = report.pyplot().subplots(figsize=(7, 4.5))
+    used = []
     for i, (c, series) in enumerate(comps):
         steps = sorted(next(iter(series.values())))
         found = [stats.interval95([series[s][k] for s in series]) for k in steps]
         color = report.variant_color(c['arm'], i) if c['ref'] == 'baseline' else 'grey'
+        color = f"C{i % 10}" if color in used else color  # two pairs of one variant: tell apart
+        used.append(color)
         ax.plot(steps, [m for m, _, _ in found], color=color, marker='.',
                 label=f"{c['label']} {c['arm']} − {c['ref']}")
         ax.fill_between(steps, [lo for _, lo, _ in found], [hi for _, _, hi in found],

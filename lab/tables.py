@@ -300,22 +300,24 @@ def complete_trajectories(ctx, comparisons):
     return out, ("Not yet: paired seeds so far " + ", ".join(waiting) + ".\n" if waiting else "")
 
 
-def trajectory_table(ctx, comparisons, figure):
+def trajectory_table(ctx, comparisons, figure=None, every=None):
+    """The paired gap at each evaluation (or at every `every` steps), and its slope over the last
+    third of the run."""
     comps, note = complete_trajectories(ctx, comparisons)
     if not comps:
         return note
     steps = sorted(next(iter(comps[0][1].values())))
     rows = ["| step | " + " | ".join(f"{c['label']} {c['arm']} − {c['ref']}, mean [95% interval]"
                                      for c, _ in comps) + " |", "|---|" + "---|" * len(comps)]
-    for step in steps:
+    for step in (k for k in steps if not every or k % every == 0):
         rows.append(f"| {step} | " + " | ".join(interval_cell([series[s][step] for s in series])
                                                 for _, series in comps) + " |")
     last = [k for k in steps if k >= steps[-1] * 2 / 3]
     rows.append(f"| slope over steps {last[0]}–{last[-1]}, per 100 steps | " + " | ".join(
         interval_cell([slope([(k, series[s][k]) for k in last]) for s in series])
         for _, series in comps) + " |")
-    return '\n'.join(rows) + f'\n\n![the paired gap through the run]({figure})\n' + (
-        '\n' + note if note else '')
+    shown = f'\n![the paired gap through the run]({figure})\n' if figure else ''
+    return '\n'.join(rows) + '\n' + shown + ('\n' + note if note else '')
 
 
 def budget_gap_table(ctx, arm, ref, seeds, budget):

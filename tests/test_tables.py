@@ -109,3 +109,15 @@ def test_the_lag_table_can_give_how_the_mean_lag_moves_from_one_comparison_to_th
     text = tables.lag_table(ctx, [one, two], (2.5, 2.0, 1.0), changes=True)
     # lags 30, 50 then 10, 40 at level 2.0 (1.0 not reached): moves -20, -10, mean -15, sd 7.07
     assert "| two − one | 2–2 | 1–2 | -15 [-79, +49] | 0.205 | 2 of 2 |" in text
+
+
+def test_the_trajectory_table_can_show_every_nth_step_and_keeps_the_slope_over_all():
+    ctx = Logs({('arm', 1): 100, ('ref', 1): 0, ('arm', 2): 100, ('ref', 2): 0})
+    c = dict(label='1', arm='arm', ref='ref', seeds=(1, 2))
+    every = tables.trajectory_table(ctx, [c], every=400).splitlines()
+    assert [row.split(' |')[0] for row in every[2:-1]] == ['| 400', '| 800', '| 1200']
+    assert every[-1] == tables.trajectory_table(ctx, [c]).splitlines()[-1]
+    # a fixed 100-step delay on a line falling 0.1 per 100 steps: the gap at step 400 is
+    # (2.7 - 2.6) / 2.6
+    assert every[2] == "| 400 | +3.85% [+3.85%, +3.85%] |"
+    assert '![' not in '\n'.join(every)

@@ -105,6 +105,9 @@ tables = dict(
     v4_budgets=dict(kind='budgets', comparisons=ANNEALED, references=UNANNEALED, params=PARAMS),
     v4_budget_lag=dict(kind='lag', comparisons=[*UNANNEALED, *ANNEALED], levels=LEVELS,
                        changes=True),
+    v4_trajectory=dict(kind='trajectory', comparisons=ANNEALED[:1]),
+    v4_trajectory_4x=dict(kind='trajectory', comparisons=ANNEALED[1:], every=400,
+                          figure='assets/v4_trajectory.png'),
     v4_climb=dict(kind='climb', arms=CLIMB, lrs=(8e-3, 1.13e-2, 1.6e-2, 2.26e-2)),
 )
 figures = {
@@ -112,6 +115,7 @@ figures = {
     'v4_logits.png': dict(kind='logits', arms=ARMS, seeds=TEST, lag=dict(
         comparisons=[V3, COMPARISONS[0], COMPARISONS[2], COMPARISONS[4], LEARNED[0]],
         levels=LEVELS)),
+    'v4_trajectory.png': dict(kind='trajectory', comparisons=ANNEALED),
     'v4_budgets.png': dict(kind='budgets', comparisons=ANNEALED, references=UNANNEALED,
                            params=PARAMS),
 }
