@@ -58,8 +58,9 @@ def attention_probs(block, x, rope=None):
 def diagnostics(model, idx):
     """On one batch idx (B, T), per layer: the std of the attention logits after the scale (over
     the causal entries), the mean attention entropy in nats and divided by its maximum ln(t) at
-    position t (position 1, with one key, is left out of the latter), and the RMS of q and k. Then
-    the Frobenius norm of each weight group. It materialises (B, n_head, T, T): keep B small."""
+    position t (position 1, with one key, is left out of the latter), the RMS of q and k, and
+    with learn_scale each head's learned softmax scale (`scale`). Then the Frobenius norm of each
+    weight group. It materialises (B, n_head, T, T): keep B small."""
     T = idx.size(1)
     x, rope = model.embed(idx)
     causal = causal_mask(T, T, idx.device)
@@ -73,6 +74,8 @@ def diagnostics(model, idx):
         out['entropy_norm'].append((entropy[..., 1:] / max_entropy[1:]).mean().item())
         out['q_rms'].append(q.pow(2).mean().sqrt().item())
         out['k_rms'].append(k.pow(2).mean().sqrt().item())
+        if block.attn.log_scale is not None:  # learn_scale: where each head's scale has gone
+            out.setdefault('scale', []).append(block.attn.log_scale.exp().tolist())
         x = block(x, rope=rope)
     out['weight_norm'] = weight_norms(model)
     return out

@@ -75,6 +75,21 @@ def test_the_probes_measure_the_attention_the_model_computes(kw):
                                rtol=1e-10, atol=1e-12)
 
 
+def test_the_diagnostics_log_each_heads_learned_scale_and_only_when_it_is_learned():
+    """learn_scale's per-head exp(theta_h) per layer, as the model holds it; a fixed scale is the
+    config's and adds nothing to the log line."""
+    torch.manual_seed(0)
+    cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, query='identity')
+    learned = GPT(GPTConfig(**cfg, learn_scale=True), verbose=False).double()
+    with torch.no_grad():
+        learned.transformer.h[1].attn.log_scale.copy_(torch.tensor([-3.0, -1.5]))
+    idx = torch.randint(0, 64, (2, 16))
+    scale = diagnostics(learned, idx)['scale']
+    assert scale[0] == pytest.approx([1 / 8, 1 / 8], rel=1e-7)  # 1/(2 sqrt(16)), ln in fp32
+    assert scale[1] == pytest.approx([np.exp(-3.0), np.exp(-1.5)], rel=1e-12)
+    assert 'scale' not in diagnostics(GPT(GPTConfig(**cfg), verbose=False), idx)
+
+
 def test_bf16_autocast_on_cpu_trains_and_keeps_three_digits():
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.1)
