@@ -597,6 +597,31 @@ def logits_table(ctx, arms, seeds, steps):
     return '\n'.join(rows) + '\n' + (f"\nNot yet: {', '.join(rest)}.\n" if rest else '')
 
 
+def learned_scale_table(ctx, arm, seeds, steps):
+    """Where a learned softmax scale went (learn_scale): per layer, at some evaluation steps, each
+    head's exp(theta_h) as 1/n, the mean over seeds and heads with the lowest and highest."""
+    runs = ctx.done(arm, seeds)
+    if len(runs) < len(seeds):
+        return f"Not yet: {arm} has {len(runs)} of {len(seeds)} seeds.\n"
+    at = {(r.seed, e['iter']): e['diagnostics']['scale'] for r in runs for e in ctx.log(r)
+          if 'diagnostics' in e and 'scale' in e['diagnostics']}
+    if any((r.seed, k) not in at for r in runs for k in steps):
+        return f"Not logged: {arm}'s runs do not all log their learned scale at steps " \
+               f"{', '.join(map(str, steps))}.\n"
+    layers = len(at[runs[0].seed, steps[0]])
+    rows = ["| layer | " + " | ".join(f"scale at {k}, mean [lowest, highest]" for k in steps)
+            + " |", "|---|" + "---|" * len(steps)]
+    for layer in range(layers):
+        cells = []
+        for k in steps:
+            heads = [v for r in runs for v in at[r.seed, k][layer]]
+            cells.append(f"1/{len(heads) / sum(heads):.1f} [1/{1 / min(heads):.1f}, "
+                         f"1/{1 / max(heads):.1f}]")
+        rows.append(f"| {layer} | " + " | ".join(cells) + " |")
+    return '\n'.join(rows) + (f"\n\nEach head's learned softmax scale exp(θ_h) as 1/n, "
+                               f"over {len(runs)} seeds × {len(heads) // len(runs)} heads.\n")
+
+
 def run_scale(ctx, arm, seeds):
     """The softmax scale the arm's first committed run trained with (its config.json), as 1/n;
     a learned scale is marked as learned from there."""

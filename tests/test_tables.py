@@ -121,3 +121,27 @@ def test_the_trajectory_table_can_show_every_nth_step_and_keeps_the_slope_over_a
     # (2.7 - 2.6) / 2.6
     assert every[2] == "| 400 | +3.85% [+3.85%, +3.85%] |"
     assert '![' not in '\n'.join(every)
+
+
+class Scales:
+    """Enough of a Context for learned_scale_table: runs whose evaluations log learned scales."""
+
+    def __init__(self, scales, seeds=(1, 2)):
+        self.scales, self.runs = scales, [type('Run', (), dict(seed=s))() for s in seeds]
+
+    def done(self, arm, seeds):
+        return [r for r in self.runs if r.seed in seeds]
+
+    def log(self, run):
+        return [dict(iter=k, diagnostics=dict(scale=v)) for k, v in self.scales[run.seed].items()]
+
+
+def test_the_learned_scale_table_gives_each_layers_mean_and_extremes_over_seeds_and_heads():
+    ctx = Scales({1: {0: [[1 / 16, 1 / 16]], 300: [[1 / 8, 1 / 16]]},
+                  2: {0: [[1 / 16, 1 / 16]], 300: [[1 / 10, 1 / 4]]}})
+    rows = tables.learned_scale_table(ctx, 'arm', (1, 2), (0, 300)).splitlines()
+    # at 300 the mean of 1/8, 1/16, 1/10, 1/4 is 0.134375 = 1/7.44
+    assert rows[2] == "| 0 | 1/16.0 [1/16.0, 1/16.0] | 1/7.4 [1/16.0, 1/4.0] |"
+    assert tables.learned_scale_table(ctx, 'arm', (1, 2, 3), (0,)) == \
+        "Not yet: arm has 2 of 3 seeds.\n"
+    assert tables.learned_scale_table(ctx, 'arm', (1, 2), (0, 100)).startswith("Not logged:")

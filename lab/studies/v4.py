@@ -102,6 +102,8 @@ tables = dict(
     v4_seed_lags=dict(kind='seed_lags', comparisons=[V3, *COMPARISONS[:1], COMPARISONS[2]],
                       levels=LEVELS),
     v4_logits=dict(kind='logits', arms=ARMS, seeds=TEST, steps=(100, 300, 1200)),
+    v4_learned_scale=dict(kind='learned_scale', arm='reduced_learned_scale', seeds=TEST,
+                          steps=(100, 300, 1200)),
     v4_budgets=dict(kind='budgets', comparisons=ANNEALED, references=UNANNEALED, params=PARAMS),
     v4_budget_lag=dict(kind='lag', comparisons=[*UNANNEALED, *ANNEALED], levels=LEVELS,
                        changes=True),
