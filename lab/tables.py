@@ -466,13 +466,28 @@ def crossing(series, level):
     return None
 
 
+def pair(ctx, c, seed):
+    """(the arm's run, its reference's run) of a comparison on a seed: each at its selected LR,
+    or at the LRs c['lrs'] names (tuning runs, to compare two arms at one LR)."""
+    if 'lrs' in c:
+        return tuple(S.Run(arm, lr, ctx.s.arm(arm)['weight_decay'], seed)
+                     for arm, lr in zip((c['arm'], c['ref']), c['lrs']))
+    extra = dict(budget=c.get('budget', 1.0))
+    return ctx.at(c['arm'], seed, **extra), ctx.at(c['ref'], seed, **extra)
+
+
+def pair_name(c):
+    if 'lrs' in c:
+        return f"{c['label']} {c['arm']} at {c['lrs'][0]:g} − {c['ref']} at {c['lrs'][1]:g}"
+    return f"{c['label']} {c['arm']} − {c['ref']}"
+
+
 def seed_lags(ctx, c, levels):
     """{level: {seed: steps the arm needs beyond its reference to reach it}} on the levels every
     run of both arms reaches, and the seeds both finished."""
-    extra = dict(budget=c.get('budget', 1.0))
     found = {}
     for seed in c['seeds']:
-        a, b = ctx.at(c['arm'], seed, **extra), ctx.at(c['ref'], seed, **extra)
+        a, b = pair(ctx, c, seed)
         if ctx.loss(a) is None or ctx.loss(b) is None or math.isinf(ctx.loss(a) + ctx.loss(b)):
             continue
         x, y = eval_series(ctx.log(a)), eval_series(ctx.log(b))
@@ -510,7 +525,7 @@ def lag_table(ctx, comparisons, levels, figure=None, changes=False):
                  for lv in levels]
         per_seed = mean_lags(lags, levels[1:])
         complete.append((c, lags))
-        rows.append(f"| {c['label']} {c['arm']} − {c['ref']} | " + " | ".join(cells) +
+        rows.append(f"| {pair_name(c)} | " + " | ".join(cells) +
                     f" | {steps_cell(list(per_seed.values())) if per_seed else '-'} |")
     note = "Not yet: " + ", ".join(waiting) + ".\n" if waiting else ""
     if not rows:

@@ -145,3 +145,18 @@ def test_the_learned_scale_table_gives_each_layers_mean_and_extremes_over_seeds_
     assert tables.learned_scale_table(ctx, 'arm', (1, 2, 3), (0,)) == \
         "Not yet: arm has 2 of 3 seeds.\n"
     assert tables.learned_scale_table(ctx, 'arm', (1, 2), (0, 100)).startswith("Not logged:")
+
+
+def test_a_lag_can_compare_two_arms_at_named_lrs_instead_of_their_selected_ones():
+    """lrs: the tuning runs at those LRs, named as the runner names them."""
+    from lab.plan import Run
+    ctx = Logs({Run('arm', 2e-3, 0.5, 1): 30, Run('ref', 2e-3, 0.1, 1): 0,
+                Run('arm', 2e-3, 0.5, 2): 50, Run('ref', 2e-3, 0.1, 2): 0,
+                Run('arm', 4e-3, 0.5, 1): 0, Run('arm', 4e-3, 0.5, 2): 0})
+    ctx.s = type('Study', (), dict(arm=lambda self, arm: dict(weight_decay=dict(
+        arm=0.5, ref=0.1)[arm])))()
+    c = dict(label='1', arm='arm', ref='ref', seeds=(1, 2), lrs=(2e-3, 2e-3))
+    assert tables.seed_lags(ctx, c, (2.5,)) == {2.5: pytest.approx({1: 30.0, 2: 50.0})}
+    text = tables.lag_table(ctx, [c, dict(c, ref='arm', lrs=(2e-3, 4e-3))], (2.5, 2.0))
+    assert "| 1 arm at 0.002 − ref at 0.002 | +40 [-87, +167] |" in text
+    assert "| 1 arm at 0.002 − arm at 0.004 | +40 [-87, +167] |" in text

@@ -79,6 +79,15 @@ COMPARISONS = [dict(c, seeds=TEST, family='ablation') for c in COMPARISONS]
 V3 = dict(label='v3', arm='reduced', ref='baseline', seeds=TEST, family='v3')  # the delay itself
 LEARNED = [dict(label='8', arm='reduced_learned_scale', ref=ref, seeds=TEST, family='learned')
            for ref in ('baseline', 'reduced')]
+SELECTION = dict(seeds=tuning['seeds'], family='equal LR')  # tuning runs, read at one LR
+EQUAL_LR = [  # the learned scale at the reduced model's LRs, and what the LR alone moves
+    dict(SELECTION, label='a', arm='reduced_learned_scale', ref='reduced', lrs=(2e-3, 2e-3)),
+    dict(SELECTION, label='b', arm='reduced_learned_scale', ref='reduced', lrs=(2.83e-3, 2.83e-3)),
+    dict(SELECTION, label='c', arm='reduced', ref='reduced', lrs=(2.83e-3, 2e-3)),
+    dict(SELECTION, label='d', arm='reduced_learned_scale', ref='reduced_learned_scale',
+         lrs=(2.83e-3, 2e-3)),
+    dict(SELECTION, label='e', arm='reduced_full_scale', ref='reduced', lrs=(2e-3, 2e-3)),
+]
 ANNEALED = [dict(label='annealed 1×', arm='reduced_anneal', ref='baseline_anneal', seeds=TEST,
                  family='anneal'),
             dict(label='annealed 4×', arm='reduced_anneal4x', ref='baseline_anneal4x',
@@ -99,8 +108,10 @@ tables = dict(
         "Resolution: as above, at Holm's strictest level for these two, 0.025.")),
     v4_lag=dict(kind='lag', comparisons=[V3, *COMPARISONS, *LEARNED], levels=LEVELS,
                 figure='assets/v4_lag.png'),
-    v4_seed_lags=dict(kind='seed_lags', comparisons=[V3, *COMPARISONS[:1], COMPARISONS[2]],
+    v4_seed_lags=dict(kind='seed_lags', comparisons=[V3, *COMPARISONS[:1], COMPARISONS[2],
+                                                     LEARNED[0]],
                       levels=LEVELS),
+    v4_lag_equal_lr=dict(kind='lag', comparisons=EQUAL_LR, levels=LEVELS),
     v4_logits=dict(kind='logits', arms=ARMS, seeds=TEST, steps=(100, 300, 1200)),
     v4_learned_scale=dict(kind='learned_scale', arm='reduced_learned_scale', seeds=TEST,
                           steps=(100, 300, 1200)),
