@@ -148,9 +148,12 @@ def spikes(log, warmup):
     return dict(sorted(found.items()))
 
 
-def grad_ratio(log, warmup):
-    """The largest gradient norm after warmup over its median: how far the worst step stood out."""
-    norms = sorted(e['grad_norm'] for e in log if 'grad_norm' in e and e['iter'] > warmup)
+def grad_ratio(log, warmup, every=1):
+    """The largest gradient norm after warmup over its median: how far the worst step stood out.
+    every: only the steps that are multiples of it (to compare a run logged at every step with
+    one logged every 10)."""
+    norms = sorted(e['grad_norm'] for e in log
+                   if 'grad_norm' in e and e['iter'] > warmup and e['iter'] % every == 0)
     return norms[-1] / norms[len(norms) // 2] if norms and norms[len(norms) // 2] > 0 else None
 
 
@@ -713,10 +716,12 @@ def end_ratio(log):
 def climb_table(ctx, arms, lrs, stall=0.8):
     """Every run of a climb, each described by its log: diverged; stalled (its fixed-window loss
     at the end above `stall` of its value at step 100); every rise of that loss between two
-    evaluations; and its largest gradient norm after warmup over the median."""
+    evaluations; and its largest gradient norm after warmup over the median, on every 10th step
+    (what v3's climbs logged, so the arms compare on one footing) and, where logged, on every."""
     warmup = ctx.warmup()
     rows = ["| arm | weight decay | peak LR | seed | full val loss | end ÷ step 100 | state "
-            "| rises of the fixed-window loss (step: %) | grad norm max ÷ median (logged every) |",
+            "| rises of the fixed-window loss (step: %) | grad norm max ÷ median, every 10th step "
+            "(every step) |",
             "|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         wd = ctx.s.arm(arm)['weight_decay']
@@ -736,11 +741,12 @@ def climb_row(ctx, run, loss, warmup, stall):
     log = ctx.log(run)
     ratio, rises = end_ratio(log), spikes(log, warmup)
     state = 'stalled' if ratio > stall else 'learning'
-    every = log_every(log)
-    grad = grad_ratio(log, warmup)
+    grad = f"{grad_ratio(log, warmup, every=10):.1f}"
+    if log_every(log) == 1:  # logged at every step: the worst step, beside the common footing
+        grad += f" ({grad_ratio(log, warmup):.1f})"
     listed = ', '.join(f"{k}: {pct(v)}" for k, v in rises.items()) or 'none'
     return (f"| {run.arm} | {run.wd:g} | {run.lr:g} | {run.seed} | {loss:.4f} | {ratio:.2f} | "
-            f"{state} | {listed} | {grad:.1f} ({every} step{'s' if every > 1 else ''}) |")
+            f"{state} | {listed} | {grad} |")
 
 
 def log_every(log):

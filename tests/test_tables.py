@@ -160,3 +160,20 @@ def test_a_lag_can_compare_two_arms_at_named_lrs_instead_of_their_selected_ones(
     text = tables.lag_table(ctx, [c, dict(c, ref='arm', lrs=(2e-3, 4e-3))], (2.5, 2.0))
     assert "| 1 arm at 0.002 − ref at 0.002 | +40 [-87, +167] |" in text
     assert "| 1 arm at 0.002 − arm at 0.004 | +40 [-87, +167] |" in text
+
+
+def test_a_climb_row_gives_its_state_its_rises_and_its_gradient_ratio_on_one_footing():
+    """The state from the fixed-window loss at the end over step 100; every rise listed; the
+    gradient ratio over every 10th step, and over every step where the run logged every step."""
+    from lab.plan import Run
+    norms = {t: 10.0 if t == 55 else 3.0 if t == 60 else 1.0 for t in range(1, 301)}
+    log = [dict(iter=t, loss=2.0, grad_norm=g) for t, g in norms.items()]
+    log += [dict(iter=100, val_loss=2.0), dict(iter=200, val_loss=2.1),
+            dict(iter=300, val_loss=1.9)]
+    ctx = type('Ctx', (), dict(log=lambda self, run: log))()
+    row = tables.climb_row(ctx, Run('arm', 8e-3, 0.1, 201), 1.95, 24, 0.8)
+    assert row == ("| arm | 0.1 | 0.008 | 201 | 1.9500 | 0.95 | stalled | 200: +5.00% | "
+                   "3.0 (10.0) |")
+    every10 = [e for e in log if 'loss' not in e or e['iter'] % 10 == 0]
+    ctx.log = lambda run: every10
+    assert tables.climb_row(ctx, Run('arm', 8e-3, 0.1, 201), 1.95, 24, 0.8).endswith("| 3.0 |")
