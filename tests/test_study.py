@@ -464,7 +464,7 @@ def test_docs_blocks_match_the_committed_logs():
 @pytest.mark.slow  # seconds of matplotlib each
 @pytest.mark.parametrize('name', ['v2', 'v3', 'v4'])
 def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
-    """v2's and v3's figures, and each of v4's that its committed runs can draw so far."""
+    """Each study's figures, from its committed runs."""
     pytest.importorskip('matplotlib', reason=PLOTS)
     import matplotlib
     s = load(name)
