@@ -97,7 +97,7 @@ def trajectory_figure(ctx, path, comparisons):
         color = f"C{i % 10}" if color in used else color  # two pairs of one variant: tell apart
         used.append(color)
         ax.plot(steps, [m for m, _, _ in found], color=color, marker='.',
-                label=f"{c['label']} {c['arm']} − {c['ref']}")
+                label=tables.pair_name(c))
         ax.fill_between(steps, [lo for _, lo, _ in found], [hi for _, _, hi in found],
                         color=color, alpha=0.15)
     ax.axhline(0, color='black', lw=0.8)
@@ -141,7 +141,7 @@ def lag_figure(ctx, path, comparisons, levels):
         found = [stats.interval95(list(lags[lv].values())) for lv in shown]
         color = f'C{i % 10}'  # the arms share variants: one colour per comparison
         ax.plot(shown, [m for m, _, _ in found], marker='o', ms=3, color=color,
-                label=f"{c['label']} {c['arm']} − {c['ref']}")
+                label=tables.pair_name(c))
         ax.fill_between(shown, [lo for _, lo, _ in found], [hi for _, _, hi in found],
                         color=color, alpha=0.12)
     ax.axhline(0, color='black', lw=0.8, label='no lag')

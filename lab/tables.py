@@ -265,7 +265,7 @@ def verdicts_table(ctx, comparisons, explain, margin=stats.MARGIN):
     for c, r in zip(comparisons, found):
         if r is not None:
             flag = " (t and sign-flip disagree at 0.05)" if r['flag'] else ""
-            rows.append(f"| {c['label']} {c['arm']} − {c['ref']} | {r['n']} | {gap_cells(r)} | "
+            rows.append(f"| {pair_name(c)} | {r['n']} | {gap_cells(r)} | "
                         f"{fmt_p(r['p_perm'])} | {fmt_p(r['p_tost'])} "
                         f"({fmt_p(r['p_tost_holm'])}) | {r['mde']:.2f}% | "
                         f"**{r['verdict']}**{flag} |")
@@ -296,7 +296,7 @@ def complete_trajectories(ctx, comparisons):
     for c in comparisons:
         series = trajectories(ctx, c['arm'], c['ref'], c['seeds'])
         if len(series) < len(c['seeds']):
-            waiting.append(f"{c['label']} {c['arm']} − {c['ref']} {len(series)} of "
+            waiting.append(f"{pair_name(c)} {len(series)} of "
                            f"{len(c['seeds'])}")
         else:
             out.append((c, series))
@@ -310,7 +310,7 @@ def trajectory_table(ctx, comparisons, figure=None, every=None):
     if not comps:
         return note
     steps = sorted(next(iter(comps[0][1].values())))
-    rows = ["| step | " + " | ".join(f"{c['label']} {c['arm']} − {c['ref']}, mean [95% interval]"
+    rows = ["| step | " + " | ".join(f"{pair_name(c)}, mean [95% interval]"
                                      for c, _ in comps) + " |", "|---|" + "---|" * len(comps)]
     for step in (k for k in steps if not every or k % every == 0):
         rows.append(f"| {step} | " + " | ".join(interval_cell([series[s][step] for s in series])
@@ -480,6 +480,8 @@ def pair(ctx, c, seed):
 
 
 def pair_name(c):
+    """A comparison as the tables and figures name it: its label, the arm − its reference, and
+    the LRs where it names them."""
     if 'lrs' in c:
         return f"{c['label']} {c['arm']} at {c['lrs'][0]:g} − {c['ref']} at {c['lrs'][1]:g}"
     return f"{c['label']} {c['arm']} − {c['ref']}"
@@ -626,7 +628,7 @@ def learned_scale_table(ctx, arm, seeds, steps):
     if any((r.seed, k) not in at for r in runs for k in steps):
         return f"Not logged: {arm}'s runs do not all log their learned scale at steps " \
                f"{', '.join(map(str, steps))}.\n"
-    layers = len(at[runs[0].seed, steps[0]])
+    layers, heads_each = len(at[runs[0].seed, steps[0]]), len(at[runs[0].seed, steps[0]][0])
     rows = ["| layer | " + " | ".join(f"scale at {k}, mean [lowest, highest]" for k in steps)
             + " |", "|---|" + "---|" * len(steps)]
     for layer in range(layers):
@@ -637,7 +639,7 @@ def learned_scale_table(ctx, arm, seeds, steps):
                          f"1/{1 / max(heads):.1f}]")
         rows.append(f"| {layer} | " + " | ".join(cells) + " |")
     return '\n'.join(rows) + (f"\n\nEach head's learned softmax scale exp(θ_h) as 1/n, "
-                               f"over {len(runs)} seeds × {len(heads) // len(runs)} heads.\n")
+                               f"over {len(runs)} seeds × {heads_each} heads.\n")
 
 
 def run_scale(ctx, arm, seeds):
