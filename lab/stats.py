@@ -72,6 +72,20 @@ def tost_p(gaps, margin):
     return max(t.sf((mean + margin) / se, df), t.cdf((mean - margin) / se, df))
 
 
+def resolution(se, df, alpha, power=0.8):
+    """The smallest true gap a two-sided t test at level alpha detects with this power, given the
+    standard error se on df degrees of freedom: exact, from the noncentral t (the usual
+    (t_crit + t_power) * se understates it by 1-2% at 10 seeds)."""
+    if not df or not se > 0:
+        return float('nan')
+    from scipy import optimize, stats
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    # nct.sf of the negated noncentrality is the lower tail (scipy's nct.cdf is NaN far out)
+    reach = lambda gap: (stats.nct.sf(crit, df, gap / se) + stats.nct.sf(crit, df, -gap / se)
+                         - power)
+    return optimize.brentq(reach, 0.0, (crit + stats.norm.ppf(power) + 10) * se)
+
+
 def holm(pvalues):
     """Holm's step-down adjusted p values, in the input order."""
     order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
@@ -111,6 +125,5 @@ def compare(gap_sets, margin=MARGIN, alpha=ALPHA):
         r['verdict'] = ('worse' if r['mean'] > 0 else 'better') if r['p_t_holm'] < alpha else \
             'matches' if r['p_tost_holm'] < alpha else 'could not tell'
         r['flag'] = (r['p_t'] < alpha) != (r['p_perm'] < alpha)
-        strictest = t.ppf(1 - alpha / len(out) / 2, df) if df else float('nan')
-        r['mde'] = (strictest + t.ppf(0.8, df)) * r['se'] if df else float('nan')
+        r['mde'] = resolution(r['se'], df, alpha / len(out))
     return out

@@ -48,6 +48,22 @@ def test_sign_flip_p_equals_counting_every_pattern_one_by_one():
             assert stats.sign_flip_p(gaps) == by_enumeration(gaps), gaps
 
 
+def test_resolution_is_the_gap_a_t_test_detects_with_80_percent_power():
+    # simulated paired t tests at the returned gap: 80% of them reject (+-0.6% at 3 sigma)
+    from scipy import stats as scipy_stats
+    rng = np.random.default_rng(0)
+    for sd, n, alpha in ((2.52, 8, 0.025), (0.43, 10, 0.05 / 8), (1.0, 4, 0.05)):
+        gap = stats.resolution(sd / n ** 0.5, n - 1, alpha)
+        x = gap + sd * rng.standard_normal((200_000, n))
+        t = x.mean(1) / (x.std(1, ddof=1) / n ** 0.5)
+        crit = scipy_stats.t.ppf(1 - alpha / 2, n - 1)
+        assert abs(np.mean(np.abs(t) > crit) - 0.8) < 0.006
+        # the usual (t_crit + t_0.8) * se understates it
+        assert gap > (crit + scipy_stats.t.ppf(0.8, n - 1)) * sd / n ** 0.5
+    assert round(stats.resolution(2.52 / 8 ** 0.5, 7, 0.025), 2) == 3.37  # v4's 4x pair
+    assert math.isnan(stats.resolution(0.1, 0, 0.05))
+
+
 def test_holm_adjusts_step_down_and_stays_monotone():
     assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert stats.holm([0.001, 0.5]) == pytest.approx([0.002, 0.5])

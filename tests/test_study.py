@@ -523,9 +523,9 @@ def test_report_writes_every_v2_block_and_figure_with_the_known_answers(tmp_path
     assert [line.split(' | ')[1:3] for line in selected] == [['0.002', '0.03125']] * 4
     assert made['tuning'].count('| bracketed |') == 4
     verdicts = [line.rsplit('|', 2)[1].strip() for line in made['verdict'].splitlines()[3:6]]
-    # gap sds 0, 0.0548 and 0.0894 over 6 seeds: (t(1 - 0.05/6, 5) + t(0.8, 5)) * sd / sqrt(6)
+    # gap sds 0, 0.0548 and 0.0894 over 6 seeds: 80% power at 0.05/3, exact (noncentral t)
     assert made['verdict'].endswith("(n = 6, at the level 0.05/3): reduced 0.00%; "
-                                    "reduced_mlp 0.10%; nonlinear 0.16%.\n")
+                                    "reduced_mlp 0.10%; nonlinear 0.17%.\n")
     assert verdicts == ['**worse**', '**matches**', '**better**']
     assert '| slope per doubling of tokens | +0.10% [+0.10%, +0.10%] |' in made['trend']
     assert ('| difference | | +0.20% [+0.20%, +0.20%]: **depends on the init geometry** |'
