@@ -7,10 +7,12 @@ tokenizers, the prepared dataset on disk, atomic file writes and checkpoint I/O.
 import ast
 import codecs
 import difflib
+import errno
 import functools
 import json
 import os
 import re
+import shutil
 import sys
 import types
 from contextlib import contextmanager, nullcontext
@@ -36,23 +38,47 @@ def model_errors(source=None):
         raise UserError(f"{source}: {e}" if source else str(e)) from None
 
 
+# what to do about a filesystem failure, by its errno
+FS_ADVICE = {
+    errno.ENOSPC: "the disk is full: free space, or choose a folder on another disk",
+    errno.EDQUOT: "the disk quota is used up: free space, or choose a folder on another disk",
+    errno.EROFS: "the filesystem is read-only: choose a writable folder",
+    errno.EACCES: "permission denied: fix its permissions, or choose a folder you can write",
+    errno.EPERM: "not permitted: fix its permissions, or choose a folder you can write",
+    errno.EEXIST: "a file is in the way where a folder should be: move it, or choose another "
+                  "folder",
+    errno.ENOTDIR: "a file is in the way where a folder should be: move it, or choose another "
+                   "folder",
+    errno.EIO: "the write failed: check the disk's free space and health",
+}
+
+
+def fs_error(e, path=None):
+    """The one line for an OSError at the filesystem boundary: the path, what went wrong and what
+    to do about it."""
+    path = path or e.filename or 'a file'
+    advice = FS_ADVICE.get(e.errno, "check the path and the disk")
+    return f"cannot write {path} ({e.strerror or e}): {advice}"
+
+
 def run_main(main):
-    """Run a script's main(); user errors become one line on stderr and a non-zero exit.
-    KVGPT_DEBUG=1 in the environment shows the full traceback behind that line instead."""
+    """Run a script's main(); user errors, and any filesystem failure that no caller explained
+    more closely, become one line on stderr and exit code 2. KVGPT_DEBUG=1 in the environment
+    shows the full traceback behind that line instead."""
     try:
         main()
-    except UserError as e:
-        if os.environ.get('KVGPT_DEBUG') == '1':
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
     except BrokenPipeError:  # `python sample.py ... | head`: the reader has gone, nothing is wrong
         # so that the exit's flush cannot fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(141)
+    except (UserError, OSError) as e:
+        if os.environ.get('KVGPT_DEBUG') == '1':
+            raise
+        print(f"error: {e if isinstance(e, UserError) else fs_error(e)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 # -----------------------------------------------------------------------------
@@ -228,6 +254,9 @@ def run_config_file(path, config):
     try:
         with open(path) as f:
             exec(compile(f.read(), path, 'exec'), namespace)
+    except SystemExit:  # not an Exception: it would end the script with nothing done
+        raise UserError(f"config file '{path}' calls exit(): a config file only sets values"
+                        ) from None
     except Exception as e:
         raise UserError(f"config file '{path}' failed: {type(e).__name__}: {e}") from None
     return {key: value for key, value in namespace.items()
@@ -427,14 +456,39 @@ def stream_decoder():
 SPLITS = ('train', 'val')
 
 
+META_TYPES = dict(tokenizer=str, vocab_size=int, dtype=str, train_tokens=int, val_tokens=int)
+BIN_DTYPES = ('uint8', 'uint16', 'uint32')
+CHECKED_AT_OPEN = 2 ** 20  # tokens at each end of each split whose ids are checked when opened
+
+
+def meta_problem(meta):
+    """None when meta.json has every key train.py reads, of the right type, else what is not."""
+    if not isinstance(meta, dict):
+        return f"it holds a {type(meta).__name__}, not an object"
+    for key, kind in META_TYPES.items():
+        if key not in meta:
+            return f"it has no '{key}'"
+        if type(meta[key]) is not kind:
+            return f"its '{key}' is {meta[key]!r}, not a {kind.__name__}"
+    if meta['dtype'] not in BIN_DTYPES:
+        return f"its dtype {meta['dtype']!r} is not one of {', '.join(BIN_DTYPES)}"
+    return None
+
+
 def bins_match_meta(data_dir, meta):
-    """None when both bins have exactly the size meta.json records, else what is wrong."""
+    """None when meta.json is whole and both bins have exactly the size it records (a whole
+    number of its dtype's tokens), else what is wrong."""
+    if meta_problem(meta):
+        return (f"{os.path.join(data_dir, 'meta.json')} is damaged ({meta_problem(meta)}): "
+                "re-run prepare.py for this dataset with --force=True")
     for split in SPLITS:
         path = os.path.join(data_dir, f'{split}.bin')
         size = os.path.getsize(path) if os.path.exists(path) else -1
-        if size != meta[f'{split}_tokens'] * np.dtype(meta['dtype']).itemsize:
-            return (f"{path} does not match meta.json (missing or truncated): re-run prepare.py "
-                    "with --force=True")
+        want = meta[f'{split}_tokens'] * np.dtype(meta['dtype']).itemsize
+        if size != want:
+            found = "is missing" if size < 0 else f"has {size:,} bytes, not {want:,}"
+            return (f"{path} {found} (meta.json records {meta[f'{split}_tokens']:,} "
+                    f"{meta['dtype']} tokens): re-run prepare.py with --force=True")
     return None
 
 
@@ -478,12 +532,24 @@ class Dataset:
         path = os.path.join(self.dir, f'{split}.bin')
         return np.memmap(path, dtype=self.meta['dtype'], mode='r')
 
+    def check_ids(self, split, tokens):
+        """Token ids at or above the vocabulary would index past the embedding (on CUDA, a
+        device-side assert): a damaged bin, or one made with another tokenizer."""
+        top = int(tokens.max()) if tokens.size else 0
+        if top >= self.meta['vocab_size']:
+            raise UserError(f"{self.dir}/{split}.bin holds token id {top}, at or above the "
+                            f"vocabulary of {self.meta['vocab_size']} in meta.json: the file is "
+                            "damaged or from another tokenizer; re-run prepare.py with "
+                            "--force=True")
+
     def batch(self, split, starts, device='cpu', length=None):
         """Inputs and next-token targets (len(starts), length or block_size) as int64, on
-        device."""
+        device; their ids checked against the vocabulary (on the host, before the copy: free)."""
         length = length or self.block_size
         data = self.array(split)
-        xy = torch.from_numpy(np.stack([data[s:s + length + 1] for s in starts]).astype(np.int64))
+        windows = np.stack([data[s:s + length + 1] for s in starts])
+        self.check_ids(split, windows)
+        xy = torch.from_numpy(windows.astype(np.int64))
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
         if str(device).startswith('cuda'):
             return (x.pin_memory().to(device, non_blocking=True),
@@ -505,7 +571,12 @@ def open_dataset(data_root, name, block_size):
         if meta[f'{split}_tokens'] <= block_size + 1:
             raise UserError(f"{data_dir}/{split}.bin has {meta[f'{split}_tokens']} tokens, "
                             f"too few for block_size {block_size}")
-    return Dataset(data_dir, meta, block_size)
+    data = Dataset(data_dir, meta, block_size)
+    for split in SPLITS:  # a cheap look at both ends; each batch is checked as it is read
+        tokens = data.array(split)
+        data.check_ids(split, tokens[:CHECKED_AT_OPEN])
+        data.check_ids(split, tokens[-CHECKED_AT_OPEN:])
+    return data
 
 
 # -----------------------------------------------------------------------------
@@ -559,7 +630,16 @@ def read_jsonl(path):
 
 
 def save_checkpoint(ckpt, path):
-    atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+    """Atomically; a failed write is an OSError naming path (torch reports a full disk as a
+    RuntimeError of its zip writer), and the file there before stays as it was."""
+    try:
+        atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+    except RuntimeError as e:
+        folder = os.path.dirname(os.path.abspath(path))
+        free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
+        raise OSError(errno.ENOSPC if free < 2 ** 30 else errno.EIO,
+                      f"{str(e).strip().splitlines()[0][:120]}; {free / 2 ** 20:.0f} MiB free",
+                      path) from None
 
 
 def model_from_checkpoint(path, verbose=True):
@@ -581,6 +661,8 @@ def load_checkpoint(path, map_location='cpu', mmap=False):
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if 'Weights only load failed' in first:  # torch's advice to load it unsafely: not ours
+            first = "it holds objects other than tensors and plain values"
         raise UserError(f"cannot read checkpoint {path}: {first[:200]} (corrupt, truncated, "
                         "or not a checkpoint)") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:

@@ -6,6 +6,7 @@ train.py through np.memmap) and meta.json (tokenizer, vocab, dtype, counts, sour
     python prepare.py --dataset=pysource               # the stdlib's source, offline, ~10x pydocs
     python prepare.py                                  # OpenWebText from the hub (54 GB)
     python prepare.py --dataset=my_docs.jsonl --text_column=body
+    python prepare.py --dataset=input.txt              # one text file: split by position
     python prepare.py --dataset=some_user/some_hub_dataset --tokenizer=gpt2
 
 Every source goes through the same `datasets` pipeline: load -> split -> tokenize
@@ -16,6 +17,7 @@ before any rewrite and written only when both bins are complete.
 import ast
 import functools
 import glob
+import json
 import os
 import sysconfig
 
@@ -29,7 +31,7 @@ DEFAULTS = dict(
     hub_id='Skylion007/openwebtext',  # where --dataset=openwebtext loads from
     text_column='text',  # the column (or JSON field) that holds each document's text
     tokenizer=None,  # 'gpt2' or 'byte'; None: byte for the embedded corpora (offline), else gpt2
-    val_size=None,  # fraction held out; None: 0.0005 for openwebtext (nanoGPT's split), else 0.05
+    val_size=None,  # fraction held out; None: 0.0005 for openwebtext, 0.1 for one text, else 0.05
     seed=2357,  # nanoGPT's split seed
     num_proc=max(1, (os.cpu_count() or 2) // 2),  # tokenizer worker processes
     dtype='auto',  # uint16 when the vocabulary fits, else uint32
@@ -132,9 +134,29 @@ def local_files(path):
     return builders.pop(), files
 
 
+def check_jsonl(path):
+    """The first problem of a JSON-lines file as one line naming the file and the line, or None:
+    asked only after datasets failed to read it (or for an empty file), whose own message is a
+    traceback's worth."""
+    with open(path, encoding='utf-8', errors='replace') as f:
+        lines = 0
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            lines += 1
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as e:
+                return f"{path} line {number} is not valid JSON ({e.msg}): fix or remove that line"
+    if not lines:
+        return (f"{path} is empty: a .jsonl needs one JSON object per line, such as "
+                '{"text": ...}')
+    return None
+
+
 def load_source(c):
     import datasets
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors become ours, one line
     name = c['dataset']
     if name in EMBEDDED:
         return datasets.Dataset.from_dict({c['text_column']: list(EMBEDDED[name]())})
@@ -144,9 +166,14 @@ def load_source(c):
         builder, files = local_files(os.path.expanduser(source))
         # .txt: one file is one document (the text builder would otherwise split lines)
         extra = {'sample_by': 'document'} if builder == 'text' else {}
+        jsonl = [f for f in files if f.endswith('.jsonl')]
+        for problem in (check_jsonl(f) for f in jsonl if os.path.getsize(f) == 0):
+            raise UserError(problem)
         try:
             ds = datasets.load_dataset(builder, data_files=files, split='train', **extra)
         except Exception as e:
+            for problem in filter(None, map(check_jsonl, jsonl)):
+                raise UserError(problem) from None
             raise UserError(f"cannot read {source} as {builder}: {short(e)}") from None
         if builder == 'text' and c['text_column'] != 'text':
             ds = ds.rename_column('text', c['text_column'])
@@ -191,7 +218,12 @@ def write_bin(ds, path, dtype):
     bounded by one chunk for OpenWebText's 8M documents. (map() writes a fresh table in
     row order, so the chunks are the documents in order.)"""
     total = column_sum(ds, 'len')
-    arr = np.memmap(path, dtype=dtype, mode='w+', shape=(total,))
+    with open(path, 'wb') as f:
+        # the disk space up front: a memmap's pages past a full disk would end the process with
+        # SIGBUS, where this is an OSError (ENOSPC) and one line
+        if hasattr(os, 'posix_fallocate') and total:
+            os.posix_fallocate(f.fileno(), 0, total * np.dtype(dtype).itemsize)
+    arr = np.memmap(path, dtype=dtype, mode='r+' if total else 'w+', shape=(total,))
     idx = 0
     for chunk in ds.data.column('ids').chunks:
         values = chunk.flatten().to_numpy()
@@ -212,7 +244,8 @@ def resolve(c):
         raise UserError("--dataset must be a name, a hub id, or a path")
     c['tokenizer'] = c['tokenizer'] or ('byte' if name in EMBEDDED else 'gpt2')
     if c['val_size'] is None:
-        c['val_size'] = 0.0005 if name == 'openwebtext' else 0.05
+        one_text = is_local(name) and os.path.isfile(name) and name.endswith('.txt')
+        c['val_size'] = 0.0005 if name == 'openwebtext' else 0.1 if one_text else 0.05
     if not 0 < c['val_size'] < 1:
         raise UserError(f"val_size must be a fraction in (0, 1), got {c['val_size']}")
     if c['out_name'] is None:
@@ -231,6 +264,28 @@ def pick_dtype(name, vocab_size):
     if vocab_size > np.iinfo(name).max + 1:
         raise UserError(f"a vocabulary of {vocab_size} does not fit {name}: use --dtype=auto")
     return name
+
+
+def split_documents(ds, c):
+    """A random val_size share of the documents is val (nanoGPT's split, by its seed)."""
+    split = ds.train_test_split(test_size=c['val_size'], seed=c['seed'], shuffle=True)
+    split['val'] = split.pop('test')
+    return split
+
+
+def split_by_position(ds, c):
+    """One document (nanoGPT's input.txt): its last val_size of characters is val, the rest
+    train, each a document of its own."""
+    import datasets
+    text = ds[0][c['text_column']] or ''
+    cut = round(len(text) * (1 - c['val_size']))
+    if not 0 < cut < len(text):
+        raise UserError(f"{c['dataset']} is one document of {len(text)} characters: too short to "
+                        f"hold out {c['val_size']:g} of it")
+    print(f"{c['dataset']} is one document: the first {1 - c['val_size']:.0%} of its "
+          f"{len(text):,} characters are train, the rest val (by position; --val_size sets it)")
+    return {s: datasets.Dataset.from_dict({c['text_column']: [part]})
+            for s, part in (('train', text[:cut]), ('val', text[cut:]))}
 
 
 def prepare(c):
@@ -255,11 +310,9 @@ def prepare(c):
     if c['text_column'] not in ds.column_names:
         raise UserError(f"no column '{c['text_column']}' in {c['dataset']} "
                         f"(columns: {', '.join(ds.column_names)}): set --text_column")
-    if len(ds) < 2:
-        raise UserError(f"{c['dataset']} has {len(ds)} document(s): a train and a val split need "
-                        "at least 2")
-    split = ds.train_test_split(test_size=c['val_size'], seed=c['seed'], shuffle=True)
-    split['val'] = split.pop('test')
+    if len(ds) == 0:
+        raise UserError(f"{c['dataset']} has no documents")
+    split = split_by_position(ds, c) if len(ds) == 1 else split_documents(ds, c)
     tokenized = {s: split[s].map(tokenize_batch, batched=True,
                                  num_proc=min(c['num_proc'], len(split[s])),
                                  remove_columns=split[s].column_names, desc=f"tokenizing {s}",
@@ -272,6 +325,8 @@ def prepare(c):
     os.makedirs(out_dir, exist_ok=True)
     meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype,
                 source=c['dataset'], settings=settings, documents=len(ds), characters=n_chars)
+    if len(ds) == 1:
+        meta['split'] = 'by position'  # one document cut in two
     paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}
     try:  # both bins complete under temporary names first: a failure leaves the old data as it was
         for s in SPLITS:

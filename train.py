@@ -5,13 +5,10 @@ Train a kvgpt model, on one device or many:
     python train.py config/reduced.py --batch_size=8    # config files, then --key=value overrides
     torchrun --standalone --nproc_per_node=8 train.py config/reduced.py
 
-The micro-batches of global step k are a pure function of (data_seed, k): every
-variant, every restart and every world size sees the same token windows at the same
-step, which is what makes the paper's side-by-side comparisons fair. Checkpoints are
-written atomically, never from a non-finite state, and resuming continues bit for bit.
-
-Below the settings: setup() makes a Run and train_loop() is the loop, in nanoGPT's order; then
-the evaluation, the checkpoints, and the helpers they use; train() at the end runs it all.
+The batches of step k depend on (data_seed, k) alone: every variant, restart and world size
+sees the same tokens at the same step, so runs compare side by side. Checkpoints are written
+atomically, never from a non-finite state, and a resume continues bit for bit. Ctrl-C or
+SIGTERM saves and stops (exit code 128 + the signal's number); --init_from=auto continues.
 """
 from __future__ import annotations  # the Run below names types defined further down
 
@@ -23,6 +20,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import time
 import typing
 from contextlib import nullcontext
@@ -34,7 +32,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import (DTYPES, Dataset, DeviceSetup, Kind, UserError, device_peak_flops,
-                    load_checkpoint, model_errors, model_from_checkpoint, open_dataset,
+                    fs_error, load_checkpoint, model_errors, model_from_checkpoint, open_dataset,
                     parse_config, pick_device, print_overrides, read_jsonl, run_main,
                     save_checkpoint, setup_device, write_json, write_text)
 import model
@@ -46,14 +44,14 @@ from model import ACTIVATIONS, GPT, QUERY_MODES, GPTConfig, upgrade_query
 DEFAULTS = dict(
     # run: where it goes, what it logs and keeps
     out_dir='out',  # checkpoints, log.jsonl and config.json of the run
-    init_from='scratch',  # 'scratch', 'resume', 'auto' (resume if there is a checkpoint), 'gpt2'..
-    #                       'gpt2-xl' or a local GPT-2 folder; 'auto' is for launchers that restart
+    init_from='scratch',  # scratch, resume, auto (resume if a checkpoint), gpt2*, a GPT-2 folder
+    #                       ('auto' is for launchers that restart; gpt2, gpt2-medium .. gpt2-xl)
     overwrite=False,  # True: init_from='scratch' may start over an out_dir holding a checkpoint
     eval_interval=1000,  # steps between evaluations (and checkpoints)
     eval_iters=200,  # batches per split in each evaluation
     eval_windows='fixed',  # 'fixed': one set of windows for the run; 'fresh': new ones each time
     #                        (the authors' protocol), the same for every variant at the same step
-    eval_only=False,  # evaluate the checkpoint (with the full val loss) and stop
+    eval_only=False,  # evaluate the checkpoint (with the full val loss) into eval.jsonl, and stop
     log_interval=10,  # steps between log lines (loss, gradient norm, step time)
     diagnostics=False,  # True: the lab's attention probes at each evaluation (lab/probes.py)
     always_save_checkpoint=True,  # False: save only when val loss improves (nanoGPT's option)
@@ -79,7 +77,7 @@ DEFAULTS = dict(
     beta2=0.95,  # AdamW's second-moment decay
     grad_clip=1.0,  # clip the global gradient norm to this; 0 disables
     # schedule
-    max_iters=105002,  # the authors': 105001 in a loop that stops after iter_num > max_iters
+    max_iters=105002,  # steps to train: the run stops when iter_num reaches it (the authors')
     decay_lr=True,  # False: the peak learning rate throughout
     warmup_iters=2000,  # linear warmup steps
     lr_decay_iters=600000,  # the cosine reaches min_lr here (past max_iters: the run ends before)
@@ -179,7 +177,10 @@ def train_loop(r):
         lr = lr_at(r.iter_num, c)
         last = r.iter_num >= c['max_iters'] or c['eval_only']
         if r.iter_num % c['eval_interval'] == 0 or last:
-            clock.pause(evaluate(r, step, moved=r.iter_num > start_iter))
+            try:
+                clock.pause(evaluate(r, step, moved=r.iter_num > start_iter))
+            except Interrupted:  # the state is the last step's, whole: save it and stop
+                return stop(r, step)
         if last:
             return
         for group in r.optimizer.param_groups:
@@ -203,12 +204,15 @@ def train_loop(r):
         if r.iter_num % c['log_interval'] == 0:
             log_step(r, step, lr, clock.step_time(r.iter_num))
         if stop_requested(r):
-            check_finite(r, step)
-            save(r, 'signal')
-            if r.d.master:
-                print(f"stopped by a signal at iter {r.iter_num}; continue with "
-                      "--init_from=resume (or auto)")
-            return
+            return stop(r, step)
+
+
+def stop(r, step):
+    check_finite(r, step)
+    save(r, 'signal')
+    if r.d.master:
+        print(f"stopped by a signal at iter {r.iter_num}; continue with --init_from=resume "
+              "(or auto)", flush=True)
 
 
 class StepStats:
@@ -310,7 +314,7 @@ def estimate_loss(r):
         key += (r.iter_num,) if c['eval_windows'] == 'fresh' else ()
         starts = r.data.starts(split, c['eval_iters'] * batch, *key)
         total = torch.zeros(2, dtype=torch.float64, device=r.dev.device)
-        for i in range(r.d.rank, c['eval_iters'], r.d.world):
+        for i in rank_share(r, range(c['eval_iters'])):
             x, y = r.data.batch(split, starts[i * batch:(i + 1) * batch], r.dev.device)
             with r.dev.ctx:
                 _, loss = r.step_model(x, y)
@@ -322,6 +326,21 @@ def estimate_loss(r):
     return out
 
 
+class Interrupted(Exception):
+    """A signal arrived during an evaluation: it is left unfinished, and the run saves."""
+
+
+def rank_share(r, items):
+    """This rank's items (every world-th, from its rank), asking before each round whether a
+    signal arrived on any rank: an evaluation stops within one batch of it (every rank asks
+    equally often, so none waits in a collective the others skip)."""
+    for first in range(0, len(items), r.d.world):
+        if any_rank(r, r.signal is not None):
+            raise Interrupted
+        if first + r.d.rank < len(items):
+            yield items[first + r.d.rank]
+
+
 @torch.no_grad()
 def full_val_loss(r):
     """The mean loss over every token of the val split once, in order (common.Dataset.tiling):
@@ -329,7 +348,8 @@ def full_val_loss(r):
     verdict between variants uses; computed at the final evaluation only."""
     r.model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=r.dev.device)
-    for starts, length in r.data.tiling('val', r.c['batch_size'])[r.d.rank::r.d.world]:
+    tiling = r.data.tiling('val', r.c['batch_size'])
+    for starts, length in (tiling[i] for i in rank_share(r, range(len(tiling)))):
         x, y = r.data.batch('val', starts, r.dev.device, length)
         with r.dev.ctx:
             _, loss = r.model(x, y)
@@ -355,6 +375,8 @@ def save(r, reason, name='ckpt.pt'):
                                  "(see its error)")
     if r.d.master:
         print(f"saved {path} at iter {r.iter_num} ({reason})")
+        if name == 'ckpt.pt':
+            r.log.flush()  # the record may now describe this checkpoint
 
 
 def write_checkpoint(r, states, path):
@@ -370,7 +392,7 @@ def write_checkpoint(r, states, path):
             tokens_seen=r.iter_num * r.tokens_per_iter,
             scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None), path)
     except OSError as e:
-        return f"cannot write {path} ({e.strerror or e}); the previous file there is untouched"
+        return f"{fs_error(e, path)}; the previous checkpoint there is untouched"
     return None
 
 
@@ -488,10 +510,13 @@ class OutDirLock:
 
     def __init__(self, out_dir):
         self.made_dir = not os.path.isdir(out_dir)
-        os.makedirs(out_dir, exist_ok=True)
         self.path = os.path.join(out_dir, '.lock')
-        self.made_file = not os.path.exists(self.path)
-        self.file = open(self.path, 'a+')
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            self.made_file = not os.path.exists(self.path)
+            self.file = open(self.path, 'a+')
+        except OSError as e:
+            raise UserError(f"{fs_error(e, out_dir)} (the run's --out_dir)") from None
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -648,28 +673,53 @@ def params_finite(model):
 
 
 class Logger:
-    """log.jsonl (and W&B). Nothing is written until the run's first entry: then config.json,
-    and on a resume the log cut back to the checkpoint (the lines the resumed run writes again:
-    everything after it, and its evaluation), so a run that fails before it starts changes
-    nothing in its out_dir."""
+    """The run's record: config.json and log.jsonl (and W&B). The record always describes the
+    checkpoint on disk. A new run writes both with its first entry. A run that starts where a
+    record already is (a resume, or --overwrite=True) holds its entries until it has saved its
+    first checkpoint: only then does it write config.json and the log, cut back to where it
+    started (the lines it writes again), so a resume that fails before then leaves both files
+    byte-identical. eval_only (config None) touches neither: its evaluation goes to
+    eval.jsonl."""
 
     def __init__(self, out_dir, config, resume_iter, wandb_run=None):
         self.path, self.config, self.resume_iter = os.path.join(out_dir, 'log.jsonl'), config, \
             resume_iter
         self.out_dir, self.wandb_run, self.started = out_dir, wandb_run, False
+        record = [os.path.join(out_dir, f) for f in ('log.jsonl', 'config.json')]
+        self.held = [] if any(map(os.path.exists, record)) and config is not None else None
 
     def __call__(self, **entry):
-        if not self.started:
-            write_json(os.path.join(self.out_dir, 'config.json'), self.config)
-            if os.path.exists(self.path):
-                keep = [e for e in read_jsonl(self.path) if e['iter'] < self.resume_iter or (
-                    e['iter'] == self.resume_iter and 'val_loss' not in e)]
-                write_text(self.path, ''.join(json.dumps(e) + '\n' for e in keep))
-            self.started = True
-        with open(self.path, 'a') as f:
-            f.write(json.dumps(entry) + '\n')
         if self.wandb_run is not None:
             self.wandb_run.log(entry, step=entry['iter'])
+        if self.config is None:
+            path = os.path.join(self.out_dir, 'eval.jsonl')
+            return self.append(path, dict(entry, eval_only=True))
+        if self.held is not None:
+            return self.held.append(entry)
+        if not self.started:
+            self.start([])
+        self.append(self.path, entry)
+
+    def start(self, entries):
+        """config.json, then the log cut back to resume_iter with entries after it."""
+        write_json(os.path.join(self.out_dir, 'config.json'), self.config)
+        keep = [e for e in read_jsonl(self.path) if e['iter'] < self.resume_iter or (
+            e['iter'] == self.resume_iter and 'val_loss' not in e)] \
+            if os.path.exists(self.path) else []
+        write_text(self.path, ''.join(json.dumps(e) + '\n' for e in keep + entries))
+        self.started = True
+
+    def flush(self):
+        """A checkpoint was saved (or the run finished): the held entries join the record, which
+        is written now if it was not yet (a checkpoint without a config.json beside it is not)."""
+        if self.config is not None and (self.held is not None or not self.started):
+            entries, self.held = self.held or [], None
+            self.start(entries)
+
+    @staticmethod
+    def append(path, entry):
+        with open(path, 'a') as f:
+            f.write(json.dumps(entry) + '\n')
 
 
 def init_wandb(c):
@@ -737,10 +787,11 @@ def train(c):
         # after the lock: the checkpoint cannot change under it
         c = dict(c, init_from=resolve_init(c, d.master))
         r = setup(c, d)
-        handlers = {s: signal.signal(s, lambda signum, frame: setattr(r, 'signal', signum))
+        handlers = {s: signal.signal(s, lambda signum, frame: on_signal(r, signum))
                     for s in (signal.SIGTERM, signal.SIGINT)}
         train_loop(r)
         if d.master and not c['eval_only'] and r.signal is None:
+            r.log.flush()  # finished without a last checkpoint (always_save_checkpoint=False)
             print(f"finished at iter {r.iter_num} in {format_eta(time.time() - t0)}; sample "
                   f"from it: python sample.py --out_dir={c['out_dir']}")
         if d.ddp:
@@ -759,6 +810,21 @@ def train(c):
             lock.release(started=r is not None and r.log is not None and r.log.started)
 
 
+def on_signal(r, signum):
+    """The first SIGTERM or SIGINT: save at the next safe point (within a step or an evaluation
+    batch) and stop. A second: stop at once; the checkpoint on disk stays whole, since every
+    write of one is a rename."""
+    name = signal.Signals(signum).name
+    if r.signal is not None:
+        print(f"{name} again: stopping now, without saving; the last checkpoint in "
+              f"{r.c['out_dir']} is kept", file=sys.stderr, flush=True)
+        return os._exit(128 + signum)
+    r.signal = signum
+    if r.d.master:
+        print(f"{name}: saving a checkpoint and stopping (a second one stops at once)",
+              file=sys.stderr, flush=True)
+
+
 def settings(argv=None):
     """The run's config from defaults, config files and --key=value, with `query` the one query
     setting."""
@@ -770,7 +836,10 @@ def settings(argv=None):
 
 
 def main(argv=None):
-    return train(settings(argv))
+    r = train(settings(argv))
+    if r.signal is not None:  # stopped early: a launcher or script must not take it as finished
+        sys.exit(128 + r.signal)
+    return r
 
 
 if __name__ == '__main__':

@@ -267,12 +267,16 @@ def plot(runs, path, beta):
            'steps', frozenset({False}): 'as logged'}.get(frozenset(drawn),
                                                           f'as logged under {SMOOTH_MIN_POINTS} '
                                                           'points, else averaged over steps')
-    for ax, title in ((ax_train, f'train loss ({how})'), (ax_val, 'val loss (fixed windows)')):
+    # the interesting part is the end: zoom the val panel on the last two thirds, and say so
+    tail = [e['val_loss'] for r in runs for e in r['evals'][len(r['evals']) // 3:]]
+    top = max(tail) + 0.02
+    ax_val.set_ylim(min(tail) - 0.02, top)
+    off = sum(e['val_loss'] > top for r in runs for e in r['evals'])
+    zoom = f"; {off} earlier point{'s' * (off != 1)} above {top:.2f} off the chart" if off else ""
+    for ax, title in ((ax_train, f'train loss ({how})'),
+                      (ax_val, f'val loss (fixed windows{zoom})')):
         ax.set(xlabel='tokens seen', ylabel='loss', title=title)
         ax.grid(alpha=0.3)
-    # the interesting part is the end: zoom the val panel on the last two thirds
-    tail = [e['val_loss'] for r in runs for e in r['evals'][len(r['evals']) // 3:]]
-    ax_val.set_ylim(min(tail) - 0.02, max(tail) + 0.02)
     ax_val.legend(fontsize=8)
     warn(fig, runs)
     save_figure(fig, path)

@@ -212,3 +212,16 @@ def test_the_sweep_figure_shows_weight_decay_zero(tmp_path, monkeypatch):
     assert ax.get_xscale() == 'symlog' and list(ax.get_lines()[0].get_xdata()) == [0.0, 0.03125,
                                                                                   0.1]
     assert ax.get_xlim()[0] < 0 < ax.get_xlim()[1]  # 0 is inside the axis, not off its edge
+
+
+def test_the_zoomed_val_panel_says_what_it_leaves_off(tmp_path, monkeypatch):
+    # 6 evaluations: the last two thirds (2.0 .. 1.8) set the limits, so 5.0 and 3.0 are off
+    run = report.read_run(fake_run(tmp_path, 'r', [5.0, 3.0, 2.0, 1.9, 1.85, 1.8], 1))
+    fig = figure_of(monkeypatch, lambda: report.plot([run], 'x.png', 0.9))
+    val_ax = fig.axes[1]
+    assert val_ax.get_ylim()[1] == pytest.approx(2.02)
+    assert val_ax.get_title() == ('val loss (fixed windows; 2 earlier points above 2.02 off the '
+                                  'chart)')
+    whole = report.read_run(fake_run(tmp_path, 'w', [1.9, 2.0, 1.85], 1))  # all in view
+    fig = figure_of(monkeypatch, lambda: report.plot([whole], 'x.png', 0.9))
+    assert fig.axes[1].get_title() == 'val loss (fixed windows)'

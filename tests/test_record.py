@@ -1,0 +1,376 @@
+"""A run's record is never damaged: eval_only, a failed resume, a full disk, an unwritable out_dir,
+damaged data and a signal mid-evaluation each end in one line (or 128 + the signal's number) with
+the run's files as they were; and a single text file is a corpus."""
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import common
+import prepare
+import train
+from common import UserError, load_checkpoint, read_jsonl
+from test_train import HERE, argv, read_log, run
+
+RECORD = ('config.json', 'log.jsonl', 'ckpt.pt')
+
+
+def record(out_dir):
+    return {f: (out_dir / f).read_bytes() for f in RECORD if (out_dir / f).exists()}
+
+
+def one_line(err):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: ') and 'Traceback' not in err, err
+    return lines[0]
+
+
+@contextlib.contextmanager
+def tmpfs(path, size):
+    """A tmpfs of size bytes mounted at path (root, where mount works), else None: the tests then
+    inject the same failure at the write."""
+    path.mkdir(parents=True)
+    mounted = os.geteuid() == 0 and shutil.which('mount') and subprocess.run(
+        ['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)],
+        capture_output=True).returncode == 0
+    try:
+        yield path if mounted else None
+    finally:
+        if mounted:
+            subprocess.run(['umount', '-l', str(path)], capture_output=True)
+
+
+def disk_full_at_write(monkeypatch, nth):
+    """Every checkpoint write from the nth on goes to /dev/full: torch's own writer meets ENOSPC
+    there, as on a full disk."""
+    real, calls = torch.save, []
+
+    def save(obj, path, *a, **kw):
+        calls.append(path)
+        return real(obj, '/dev/full' if len(calls) >= nth else path, *a, **kw)
+    monkeypatch.setattr(common.torch, 'save', save)
+
+
+# -----------------------------------------------------------------------------
+# the record describes the checkpoint on disk
+
+def test_eval_only_leaves_the_record_byte_identical(data_root, tmp_path, capsys):
+    run(data_root, tmp_path, max_iters=10)
+    before = record(tmp_path)
+    train.main(argv(data_root, tmp_path, init_from='resume', eval_only=True, max_iters=10))
+    assert 'iter 10: train loss' in capsys.readouterr().out
+    assert record(tmp_path) == before  # config.json was once replaced by `null` here
+    evals = read_jsonl(tmp_path / 'eval.jsonl')
+    assert len(evals) == 1 and evals[0]['iter'] == 10 and evals[0]['eval_only']
+    assert evals[0]['val_loss_full'] == read_log(tmp_path)[-1]['val_loss_full']
+
+
+def test_a_resume_that_fails_before_its_first_checkpoint_changes_nothing(data_root, tmp_path):
+    run(data_root, tmp_path, max_iters=10)
+    before = record(tmp_path)
+    with pytest.raises(UserError, match='non-finite'):  # the issue's case: a diverging resume
+        run(data_root, tmp_path, init_from='resume', max_iters=30, learning_rate=1e12,
+            grad_clip=0.0)
+    assert record(tmp_path) == before
+
+
+def test_a_resume_writes_its_record_with_its_first_checkpoint(data_root, tmp_path):
+    run(data_root, tmp_path, max_iters=10)
+    log = run(data_root, tmp_path, init_from='resume', max_iters=20, learning_rate=2e-2)
+    config = json.loads((tmp_path / 'config.json').read_text())
+    assert config['max_iters'] == 20 and config['learning_rate'] == 2e-2
+    assert [e['iter'] for e in log if 'val_loss' in e] == [0, 10, 20]
+    assert [e['iter'] for e in log if 'loss' in e] == list(range(1, 21))
+
+
+def test_overwrite_keeps_the_old_record_until_the_new_run_saves(data_root, tmp_path):
+    run(data_root, tmp_path, max_iters=10)
+    before = record(tmp_path)
+    with pytest.raises(UserError, match='non-finite'):
+        run(data_root, tmp_path, overwrite=True, learning_rate=1e12, grad_clip=0.0)
+    assert record(tmp_path) == before
+
+
+# -----------------------------------------------------------------------------
+# the filesystem boundary: one line, exit code 2, the previous checkpoint intact
+
+@pytest.mark.parametrize('where', ['tmpfs', 'injected'])
+def test_a_full_disk_at_the_first_save_is_one_line(data_root, tmp_path, monkeypatch, command_line,
+                                                   where):
+    with tmpfs(tmp_path / 'fs', 96 * 1024) as fs:  # config and log fit, a checkpoint does not
+        if where == 'tmpfs' and fs is None:
+            pytest.skip('mounting a tmpfs needs root: the injected case covers it')
+        if where == 'injected':
+            disk_full_at_write(monkeypatch, 1)
+        out = tmp_path / 'fs' / 'run'
+        code, err = command_line(train, argv(data_root, out, max_iters=10))
+    line = one_line(err)
+    assert code == 2 and f"cannot write {out}/ckpt.pt" in line
+    assert 'the previous checkpoint there is untouched' in line
+    if where == 'tmpfs':
+        assert 'the disk is full' in line
+
+
+@pytest.mark.parametrize('where', ['tmpfs', 'injected'])
+def test_a_full_disk_at_a_later_save_keeps_the_previous_checkpoint(data_root, tmp_path,
+                                                                    monkeypatch, command_line,
+                                                                    where):
+    run(data_root, tmp_path / 'probe', max_iters=10)
+    size = (tmp_path / 'probe' / 'ckpt.pt').stat().st_size
+    # room for one checkpoint and its record, not for a second one written beside it
+    with tmpfs(tmp_path / 'fs', size * 3 // 2 + 64 * 1024) as fs:
+        if where == 'tmpfs' and fs is None:
+            pytest.skip('mounting a tmpfs needs root: the injected case covers it')
+        if where == 'injected':
+            disk_full_at_write(monkeypatch, 2)
+        out = tmp_path / 'fs' / 'run'
+        code, err = command_line(train, argv(data_root, out, max_iters=20))
+        assert code == 2 and f"cannot write {out}/ckpt.pt" in one_line(err)
+        assert load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] == 10
+        assert not (out / 'ckpt.pt.tmp').exists()
+
+
+def test_a_read_only_out_dir_is_one_line_for_a_new_run_and_a_resume(data_root, tmp_path,
+                                                                     command_line):
+    with tmpfs(tmp_path / 'fs', 4 * 2 ** 20) as fs:
+        out = tmp_path / 'fs' / 'run'
+        run(data_root, out, max_iters=10)
+        before = record(out)
+        if fs is not None:
+            subprocess.run(['mount', '-o', 'remount,ro', str(fs)], check=True)
+        else:  # not root: the permission bits say it
+            for p in (out, *out.iterdir()):
+                p.chmod(0o555 if p.is_dir() else 0o444)
+            (tmp_path / 'fs').chmod(0o555)
+        try:
+            for out_dir, kw in ((out, dict(init_from='resume', max_iters=20)),
+                                (tmp_path / 'fs' / 'new', {})):
+                code, err = command_line(train, argv(data_root, out_dir, **kw))
+                line = one_line(err)
+                assert code == 2 and str(out_dir) in line and "--out_dir" in line
+                assert ('read-only' if fs is not None else 'permission') in line
+            assert record(out) == before
+        finally:
+            if fs is None:
+                (tmp_path / 'fs').chmod(0o755)
+                for p in (out, *out.iterdir()):
+                    p.chmod(0o755)
+
+
+def test_an_out_dir_that_is_a_file_is_one_line(data_root, tmp_path, command_line):
+    (tmp_path / 'out').write_text('not a folder')
+    code, err = command_line(train, argv(data_root, tmp_path / 'out'))
+    line = one_line(err)
+    assert code == 2 and str(tmp_path / 'out') in line and 'a file is in the way' in line
+    assert (tmp_path / 'out').read_text() == 'not a folder'
+
+
+def test_prepare_into_a_file_or_a_full_disk_is_one_line(tmp_path, command_line):
+    docs = tmp_path / 'docs.txt'
+    docs.write_text('some text to prepare ' * 2000)
+    (tmp_path / 'root').write_text('a file')
+    code, err = command_line(prepare, [f'--dataset={docs}', f'--data_root={tmp_path / "root"}',
+                                       '--tokenizer=byte', '--num_proc=1', '--progress=False'])
+    assert code == 2 and 'a file is in the way' in one_line(err)
+    with tmpfs(tmp_path / 'fs', 16 * 1024) as fs:  # the bins do not fit
+        if fs is not None:
+            code, err = command_line(prepare, [f'--dataset={docs}', f'--data_root={fs}',
+                                               '--tokenizer=byte', '--num_proc=1',
+                                               '--progress=False'])
+            assert code == 2 and 'the disk is full' in one_line(err)
+            assert not any(fs.rglob('*.bin*')) and not any(fs.rglob('meta.json'))
+
+
+# -----------------------------------------------------------------------------
+# data is checked before it is trusted
+
+@pytest.fixture
+def data_copy(data_root, tmp_path):
+    shutil.copytree(os.path.join(data_root, 'tiny'), tmp_path / 'data' / 'tiny')
+    return tmp_path / 'data'
+
+
+def test_token_ids_at_or_above_the_vocabulary_are_one_line(data_copy, tmp_path, command_line):
+    ids = np.memmap(data_copy / 'tiny' / 'train.bin', dtype=np.uint16, mode='r+')
+    ids[5] = 300  # the byte vocabulary is 257
+    ids.flush()
+    code, err = command_line(train, argv(str(data_copy), tmp_path / 'out'))
+    line = one_line(err)
+    assert code == 2 and f"{data_copy / 'tiny'}/train.bin holds token id 300" in line
+    assert '--force=True' in line
+    # past what opening looks at, the batch that reads it says the same
+    meta = json.loads((data_copy / 'tiny' / 'meta.json').read_text())
+    data = common.Dataset(str(data_copy / 'tiny'), meta, 32)
+    data.batch('train', np.array([100]))
+    with pytest.raises(UserError, match='holds token id 300'):
+        data.batch('train', np.array([0]))
+
+
+@pytest.mark.parametrize('change,problem', [
+    (lambda m: m.pop('train_tokens'), "it has no 'train_tokens'"),
+    (lambda m: m.update(vocab_size='257'), "its 'vocab_size' is '257', not a int"),
+    (lambda m: m.update(dtype='float32'), "its dtype 'float32' is not one of"),
+])
+def test_a_damaged_meta_json_is_one_line(data_copy, tmp_path, command_line, change, problem):
+    path = data_copy / 'tiny' / 'meta.json'
+    meta = json.loads(path.read_text())
+    change(meta)
+    path.write_text(json.dumps(meta))
+    code, err = command_line(train, argv(str(data_copy), tmp_path / 'out'))
+    line = one_line(err)
+    assert code == 2 and f"{path} is damaged ({problem}" in line and '--force=True' in line
+
+
+def test_a_meta_json_of_the_wrong_shape_and_a_bin_of_the_wrong_size(data_copy, tmp_path,
+                                                                     command_line):
+    path = data_copy / 'tiny' / 'meta.json'
+    good = path.read_text()
+    path.write_text('[1, 2, 3]')
+    code, err = command_line(train, argv(str(data_copy), tmp_path / 'out'))
+    assert code == 2 and 'it holds a list, not an object' in one_line(err)
+    path.write_text(good)
+    with open(data_copy / 'tiny' / 'val.bin', 'ab') as f:
+        f.write(b'\0')  # half a uint16 token
+    code, err = command_line(train, argv(str(data_copy), tmp_path / 'out'))
+    assert code == 2 and 'val.bin has' in one_line(err) and 'uint16 tokens' in err
+
+
+# -----------------------------------------------------------------------------
+# signals: honoured within seconds, also mid-evaluation; a run stopped early exits non-zero
+
+def start_long_evaluation(data_root, out, **kw):
+    """train.py whose evaluations take minutes (50,000 batches a split), once it is evaluating."""
+    cmd = [sys.executable, 'train.py', *argv(data_root, out, eval_iters=50000, **kw)]
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    for line in proc.stdout:  # the loop starts with an evaluation right after this line
+        if 'starting at iter' in line:
+            break
+    time.sleep(1.0)
+    return proc
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_an_evaluation_saves_and_stops_within_seconds(data_root, tmp_path):
+    proc = start_long_evaluation(data_root, tmp_path / 'run')
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert time.time() - t0 < 10, "it waited for the evaluation to end"
+    assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
+    assert err.strip().splitlines() == [
+        "SIGINT: saving a checkpoint and stopping (a second one stops at once)"]
+    assert 'stopped by a signal at iter 0' in out
+    assert load_checkpoint(str(tmp_path / 'run' / 'ckpt.pt'))['iter_num'] == 0
+    # it resumes, and only the finished evaluation is in the log
+    log = run(data_root, tmp_path / 'run', init_from='auto', max_iters=4, eval_interval=4)
+    assert [e['iter'] for e in log if 'val_loss' in e] == [0, 4]
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once_and_keeps_the_checkpoint(data_root, tmp_path):
+    run(data_root, tmp_path / 'run', max_iters=10)
+    proc = start_long_evaluation(data_root, tmp_path / 'run', init_from='resume', max_iters=20)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
+    assert 'Traceback' not in err
+    assert load_checkpoint(str(tmp_path / 'run' / 'ckpt.pt'))['iter_num'] == 10
+
+
+def test_the_first_signal_asks_for_a_save_and_a_second_exits_at_once(monkeypatch, capsys):
+    exits = []
+    monkeypatch.setattr(train.os, '_exit', exits.append)
+    r = types.SimpleNamespace(signal=None, c=dict(out_dir='out'),
+                              d=train.Dist(False, 0, 1, 'cpu'))
+    train.on_signal(r, signal.SIGINT)
+    assert r.signal == signal.SIGINT and exits == []
+    train.on_signal(r, signal.SIGINT)
+    assert exits == [128 + signal.SIGINT]
+    assert capsys.readouterr().err.splitlines() == [
+        "SIGINT: saving a checkpoint and stopping (a second one stops at once)",
+        "SIGINT again: stopping now, without saving; the last checkpoint in out is kept"]
+
+
+def test_a_signal_during_the_full_validation_pass_saves_and_exits_128_plus_it(
+        data_root, tmp_path, monkeypatch):
+    real = common.Dataset.batch
+
+    def batch(self, split, starts, device='cpu', length=None):
+        if length is not None:  # the full val pass: a signal arrives in its middle
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, split, starts, device, length)
+    monkeypatch.setattr(common.Dataset, 'batch', batch)
+    with pytest.raises(SystemExit) as stop:
+        run(data_root, tmp_path, max_iters=6, eval_interval=100)
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert load_checkpoint(str(tmp_path / 'ckpt.pt'))['iter_num'] == 6
+    assert 'val_loss_full' not in read_log(tmp_path)[-1]
+    monkeypatch.undo()
+    log = run(data_root, tmp_path, init_from='resume', max_iters=6, eval_interval=100)
+    assert 'val_loss_full' in log[-1] and log[-1]['iter'] == 6
+
+
+# -----------------------------------------------------------------------------
+# corpora and smaller cases
+
+def test_a_single_text_file_is_a_corpus_split_by_position(tmp_path, capsys):
+    text = ''.join(f"line {i}: {'abcdefghij' * 5}\n" for i in range(3000))
+    (tmp_path / 'input.txt').write_text(text)
+    meta = prepare.prepare(dict(prepare.DEFAULTS, dataset=str(tmp_path / 'input.txt'),
+                                tokenizer='byte', data_root=str(tmp_path / 'data'), num_proc=1,
+                                progress=False))
+    assert 'the first 90% of its' in capsys.readouterr().out
+    cut = round(len(text) * 0.9)
+    train_ids = np.memmap(tmp_path / 'data' / 'input' / 'train.bin', dtype=np.uint16, mode='r')
+    val_ids = np.memmap(tmp_path / 'data' / 'input' / 'val.bin', dtype=np.uint16, mode='r')
+    assert bytes(train_ids[:-1].astype(np.uint8)).decode() == text[:cut]  # then end-of-text
+    assert bytes(val_ids[:-1].astype(np.uint8)).decode() == text[cut:]
+    assert meta['split'] == 'by position' and meta['settings']['val_size'] == 0.1
+    log = run(str(tmp_path / 'data'), tmp_path / 'out', dataset='input', max_iters=4,
+              eval_interval=4)
+    assert log[-1]['val_loss_full'] > 0
+
+
+@pytest.mark.parametrize('content,message', [
+    ('', 'docs.jsonl is empty: a .jsonl needs one JSON object per line'),
+    ('{"text": "a"}\n\n{"text": oops}\n', 'docs.jsonl line 3 is not valid JSON'),
+])
+def test_an_empty_or_malformed_jsonl_is_one_line(tmp_path, command_line, content, message):
+    (tmp_path / 'docs.jsonl').write_text(content)
+    code, err = command_line(prepare, [f'--dataset={tmp_path / "docs.jsonl"}', '--tokenizer=byte',
+                                       f'--data_root={tmp_path}', '--num_proc=1'])
+    assert code == 2 and message in one_line(err)
+
+
+def test_a_file_that_is_not_a_checkpoint_gets_no_unsafe_advice(tmp_path):
+    torch.save({'model': {}, 'model_args': {}, 'extra': np.arange(3)}, tmp_path / 'x.pt')
+    with pytest.raises(UserError) as e:
+        load_checkpoint(str(tmp_path / 'x.pt'))
+    assert 'weights_only' not in str(e.value) and 'objects other than tensors' in str(e.value)
+
+
+def test_a_config_file_that_exits_is_one_line(tmp_path, command_line):
+    (tmp_path / 'quits.py').write_text('import sys\nsys.exit(0)\n')
+    code, err = command_line(train, [str(tmp_path / 'quits.py')])
+    assert code == 2 and 'calls exit(): a config file only sets values' in one_line(err)
+
+
+def test_train_help_reads_as_help_for_a_user(capsys):
+    with pytest.raises(SystemExit):
+        train.settings(['--help'])
+    lines = capsys.readouterr().out.splitlines()
+    assert not any('setup()' in line or 'Below the settings' in line for line in lines)
+    key = {line.split('=')[0].strip(): line for line in lines if line.startswith('  --')}
+    assert key['--init_from'].rstrip().endswith('gpt2*, a GPT-2 folder')  # not cut at 'gpt2'..
+    assert 'the run stops when iter_num reaches it' in key['--max_iters']  # it stops at >=
