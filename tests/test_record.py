@@ -374,3 +374,25 @@ def test_train_help_reads_as_help_for_a_user(capsys):
     key = {line.split('=')[0].strip(): line for line in lines if line.startswith('  --')}
     assert key['--init_from'].rstrip().endswith('gpt2*, a GPT-2 folder')  # not cut at 'gpt2'..
     assert 'the run stops when iter_num reaches it' in key['--max_iters']  # it stops at >=
+
+
+@pytest.mark.parametrize('error,advice', [
+    (PermissionError(13, 'Permission denied', '/runs/x'), 'permission denied: fix its permissions'),
+    (OSError(28, 'No space left on device', '/runs/x'), 'the disk is full: free space'),
+    (OSError(30, 'Read-only file system', '/runs/x'), 'the filesystem is read-only'),
+    (NotADirectoryError(20, 'Not a directory', '/runs/x'), 'a file is in the way'),
+])
+def test_each_filesystem_failure_says_what_to_do(error, advice, capsys):
+    def fails():
+        raise error
+    with pytest.raises(SystemExit) as stop:
+        common.run_main(fails)
+    assert stop.value.code == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"error: cannot write /runs/x ({error.strerror}): {advice}")
+
+
+def test_the_readme_greedy_example_draws_one_sample():
+    readme = open(os.path.join(HERE, 'README.md')).read()
+    greedy = [line for line in readme.splitlines() if '--temperature=0' in line]
+    assert greedy and all('--num_samples=1' in line for line in greedy)
