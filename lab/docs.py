@@ -15,7 +15,8 @@ from lab import figures, tables, tables_v2
 from lab.tables import Context
 
 TABLES = dict(tuning=tables.tuning_table, stability=tables.stability_table,
-              verdicts=tables.verdicts_table, trajectory=tables.trajectory_table,
+              verdicts=tables.verdicts_table, decisions=tables.decisions_table,
+              trajectory=tables.trajectory_table,
               budget_gap=tables.budget_gap_table, induction=tables.induction_table,
               dtype=tables.dtype_table, claims=tables.claims_table, rerun=tables.rerun_table,
               lag=tables.lag_table, seed_lags=tables.seed_lag_table, logits=tables.logits_table,

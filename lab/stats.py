@@ -6,6 +6,7 @@ tell". scipy.stats gives the t distribution and tests; the exact sign-flip p and
 step-down (which scipy does not have) are here.
 """
 import bisect
+import math
 import statistics
 
 MARGIN = 0.3  # % of loss: the smallest effect of interest; "matches" means within it
@@ -108,22 +109,43 @@ def tests(gaps, margin):
                 p_tost=p_tost)
 
 
-def compare(gap_sets, margin=MARGIN, alpha=ALPHA):
+def compare(gap_sets, margin=MARGIN, alpha=ALPHA, worse_margin=None, family=None):
     """The decision rule for each comparison's paired gaps (%), Holm-corrected across them: per
     comparison its tests, their Holm adjustments, the interval at its Holm level, the verdict, and
-    the smallest gap its noise detects with 80% power at Holm's strictest level (mde)."""
+    the smallest gap its noise detects with 80% power at Holm's strictest level (mde).
+
+    worse_margin: also a one-sided test that the gap is below +worse_margin ("not worse", v5's
+    rule), and the smallest margins the data support at the comparison's Holm level (ni_bound for
+    "not worse", tost_bound for "matches"). family: the family's declared size when some of its
+    comparisons are not in yet: they count as p = 1, so every adjusted p is an upper bound of
+    its final value and a verdict reached stands."""
     out, t = [tests(gaps, margin) for gaps in gap_sets], t_dist()
-    for key in ('p_t', 'p_tost'):
-        for r, adjusted in zip(out, holm([r[key] for r in out])):
+    size = max(family or 0, len(out))
+    keys = ('p_t', 'p_tost')
+    if worse_margin is not None:
+        for r in out:
+            r['p_ni'] = t.cdf((r['mean'] - worse_margin) / r['se'], r['n'] - 1) \
+                if r['n'] > 1 and r['se'] > 0 else float(r['mean'] >= worse_margin)
+        keys += ('p_ni',)
+    for key in keys:
+        padded = [r[key] for r in out] + [1.0] * (size - len(out))
+        for r, adjusted in zip(out, holm(padded)):
             r[key + '_holm'] = adjusted
+        for step, i in enumerate(sorted(range(len(out)), key=lambda i: out[i][key])):
+            out[i][key + '_alpha'] = alpha / (size - step)  # the level Holm tests it at
     by_p = sorted(range(len(out)), key=lambda i: out[i]['p_t'])
     for step, i in enumerate(by_p):  # the level at which Holm tests comparison i
         r = out[i]
-        r['level'] = 1 - alpha / (len(out) - step)
+        r['level'] = 1 - alpha / (size - step)
         df = r['n'] - 1
         r['half'] = t.ppf(1 - (1 - r['level']) / 2, df) * r['se'] if df else float('nan')
         r['verdict'] = ('worse' if r['mean'] > 0 else 'better') if r['p_t_holm'] < alpha else \
-            'matches' if r['p_tost_holm'] < alpha else 'could not tell'
+            'matches' if r['p_tost_holm'] < alpha else \
+            'not worse' if r.get('p_ni_holm', 1.0) < alpha else 'could not tell'
         r['flag'] = (r['p_t'] < alpha) != (r['p_perm'] < alpha)
-        r['mde'] = resolution(r['se'], df, alpha / len(out))
+        r['mde'] = resolution(r['se'], df, alpha / size)
+        if worse_margin is not None:  # each margin at the level Holm tests its test at
+            bound = lambda key: t.ppf(1 - r[key + '_alpha'], df) * r['se'] if df else math.nan
+            r['ni_bound'] = r['mean'] + bound('p_ni')
+            r['tost_bound'] = abs(r['mean']) + bound('p_tost')
     return out

@@ -273,6 +273,63 @@ def verdicts_table(ctx, comparisons, explain, margin=stats.MARGIN):
             + '\n' + ("\n" + note if note else ""))
 
 
+def decision_gaps(ctx, comparisons):
+    """{label: {seed: gap %}}: each pair's paired gaps, then each contrast's (`combine`: {label:
+    weight}), a per-seed weighted sum of earlier labels' gaps on the seeds they all have."""
+    gaps = {}
+    for c in comparisons:
+        if 'combine' in c:
+            seeds = sorted(set.intersection(*(set(gaps[k]) for k in c['combine'])))
+            gaps[c['label']] = {s: sum(w * gaps[k][s] for k, w in c['combine'].items())
+                                for s in seeds}
+        else:
+            gaps[c['label']] = ctx.gaps(c['arm'], c['ref'], c['seeds'])
+    return gaps
+
+
+def decisions_table(ctx, comparisons, family, margin, beside=()):
+    """v5's rule: worse, better, matches (TOST within +-margin), not worse (one-sided below
+    +margin) or could not tell, Holm over a family of `family` comparisons read as soon as every
+    one declared so far has all its seeds (those not declared yet count as p = 1: the adjusted p
+    values are upper bounds, so a verdict reached stands), each with the smallest margins its
+    data support. `beside`: pairs given with their own unadjusted tests, outside the family."""
+    gaps = decision_gaps(ctx, comparisons)
+    ready = all(len(gaps[c['label']]) >= len(c['seeds']) for c in comparisons)
+    waiting = ', '.join(f"{c['label']} {len(gaps[c['label']])} of {len(c['seeds'])}"
+                        for c in comparisons if len(gaps[c['label']]) < len(c['seeds']))
+    if not ready:
+        return f"Not yet: paired seeds so far {waiting}.\n"
+    found = stats.compare([list(gaps[c['label']].values()) for c in comparisons], margin,
+                          worse_margin=margin, family=family)
+    rows = [f"| comparison | seeds | paired gap, mean ± sd | interval (level) | t p (Holm) "
+            f"| sign-flip p | TOST ±{margin:g}% p (Holm) | not worse +{margin:g}% p (Holm) "
+            f"| smallest margin: not worse, matches | resolution | verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c, r in zip(comparisons, found):
+        rows.append(decision_row(c.get('name') or pair_name(c), r))
+    for c in beside:
+        alone = stats.compare([list(ctx.gaps(c['arm'], c['ref'], c['seeds']).values())], margin,
+                              worse_margin=margin)[0]
+        rows.append(decision_row(f"{pair_name(c)} (outside the family, unadjusted)", alone))
+    pairs = [c for c in comparisons if 'combine' not in c] + list(beside)
+    missing = family - len(comparisons)
+    note = (f"Holm over the family's {family} comparisons" + (
+        f"; the {missing} not in yet count as p = 1, so each adjusted p is an upper bound of "
+        "its final value and a verdict reached stands" if missing else "") + ". Smallest "
+        "margin: the upper end of the one-sided interval (not worse) and the larger end in size "
+        "of the two-sided one (matches), each at the level Holm tests it at. Resolution: the "
+        f"smallest gap detected with 80% power at Holm's strictest level, 0.05/{family} (exact, "
+        "noncentral t).")
+    return '\n'.join(means_table(ctx, pairs)) + '\n\n' + '\n'.join(rows) + '\n\n' + note + '\n'
+
+
+def decision_row(name, r):
+    return (f"| {name} | {r['n']} | {gap_cells(r)} | {fmt_p(r['p_perm'])} | "
+            f"{fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) | {fmt_p(r['p_ni'])} "
+            f"({fmt_p(r['p_ni_holm'])}) | {pct(r['ni_bound'])}, ±{r['tost_bound']:.2f}% | "
+            f"{r['mde']:.2f}% | **{r['verdict']}** |")
+
+
 def trajectories(ctx, arm, ref, seeds, budget=1.0):
     """{seed: {step: paired gap % on the fixed val windows}} for the seeds both arms finished."""
     out = {}

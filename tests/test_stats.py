@@ -119,3 +119,31 @@ def test_decision_rule_with_holm_across_comparisons():
                                        ([0.2], 'could not tell'), ([0.1, 0.1, 0.1], 'worse')])
 def test_decision_rule(gaps, word):
     assert stats.compare([gaps])[0]['verdict'] == word
+
+
+def test_not_worse_is_a_one_sided_test_below_the_margin_with_the_margin_it_supports():
+    # mean +0.05%, sd 0.13%: no difference resolved; within +-0.3% and below +0.5%, not +-0.1%
+    gaps = [0.05, 0.25, -0.15, 0.15, -0.05, -0.1, 0.2, 0.05, 0.1, 0.0]
+    r = stats.compare([gaps], margin=0.3, worse_margin=0.5)[0]
+    mean, se = np.mean(gaps), np.std(gaps, ddof=1) / math.sqrt(10)
+    assert r['p_ni'] == pytest.approx(t_cdf_by_quadrature((mean - 0.5) / se, 9), rel=1e-6)
+    assert r['verdict'] == 'matches'  # +-0.3% holds here too: matches outranks not worse
+    assert stats.compare([gaps], margin=0.1, worse_margin=0.5)[0]['verdict'] == 'not worse'
+    # the smallest margins: at the bound, the test sits exactly at its level
+    assert t_cdf_by_quadrature((r['ni_bound'] - mean) / se, 9) == pytest.approx(0.95, abs=1e-7)
+    assert r['tost_bound'] == pytest.approx(r['ni_bound'])  # mean > 0: the same one-sided end
+    mirrored = stats.compare([[-g for g in gaps]], 0.3, worse_margin=0.5)[0]
+    assert mirrored['ni_bound'] == pytest.approx(r['ni_bound'] - 2 * mean)  # one-sided: signed
+    assert mirrored['tost_bound'] == pytest.approx(r['tost_bound'])  # two-sided: by size
+
+
+def test_a_family_not_all_in_yet_counts_the_missing_as_p_1():
+    better = [-0.3, -0.4, -0.35, -0.2, -0.5, -0.3]
+    wide = [1.0, -1.0, 2.0, -2.0, 0.5, 0.1]
+    part = stats.compare([better, wide], worse_margin=0.5, family=5)
+    whole = stats.compare([better, wide], worse_margin=0.5)
+    p = [x['p_t'] for x in whole]
+    assert [x['p_t_holm'] for x in part] == pytest.approx(stats.holm(p + [1, 1, 1])[:2])
+    assert all(a['p_t_holm'] >= b['p_t_holm'] for a, b in zip(part, whole))  # an upper bound
+    assert part[0]['level'] == pytest.approx(1 - 0.05 / 5)
+    assert part[0]['mde'] > whole[0]['mde']  # at Holm's strictest level for five, 0.05/5

@@ -177,3 +177,29 @@ def test_a_climb_row_gives_its_state_its_rises_and_its_gradient_ratio_on_one_foo
     every10 = [e for e in log if 'loss' not in e or e['iter'] % 10 == 0]
     ctx.log = lambda run: every10
     assert tables.climb_row(ctx, Run('arm', 8e-3, 0.1, 201), 1.95, 24, 0.8).endswith("| 3.0 |")
+
+
+class Pairs(Budgets):
+    """Enough of a Context for decisions_table: known paired gaps, no arms' means."""
+
+    def __init__(self, gaps):
+        super().__init__(gaps)
+        self.s.arms = {}
+
+
+def test_the_decisions_table_builds_contrasts_seed_by_seed_and_waits_for_every_seed():
+    a = dict(label='a', arm='x', ref='y', seeds=(1, 2, 3))
+    b = dict(label='b', arm='z', ref='w', seeds=(1, 2, 3))
+    d = dict(label='d', combine=dict(a=0.5, b=0.5), name='d: (a + b)/2', seeds=(1, 2, 3))
+    e = dict(label='e', combine=dict(b=1, a=-1), name='e: b − a', seeds=(1, 2, 3))
+    ctx = Pairs({('x', 'y'): {1: 1.0, 2: 1.2, 3: 0.8}, ('z', 'w'): {1: 0.0, 2: 0.4}})
+    gaps = tables.decision_gaps(ctx, [a, b, d, e])
+    assert gaps['d'] == pytest.approx({1: 0.5, 2: 0.8}) and gaps['e'] == pytest.approx(
+        {1: -1.0, 2: -0.8})
+    assert tables.decisions_table(ctx, [a, b, d, e], family=6, margin=0.5) == (
+        "Not yet: paired seeds so far b 2 of 3, d 2 of 3, e 2 of 3.\n")
+    ctx.gaps_of[('z', 'w')][3] = 0.2
+    text = tables.decisions_table(ctx, [a, b, d, e], family=6, margin=0.5)
+    rows = [line for line in text.splitlines() if line.startswith('| d: ')]
+    assert len(rows) == 1 and '+0.60% ± 0.17%' in rows[0]  # (a + b)/2 = 0.5, 0.8, 0.5
+    assert "the 2 not in yet count as p = 1" in text and "0.05/6" in text

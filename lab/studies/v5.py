@@ -45,9 +45,20 @@ phases = [
 ]
 
 # the write-up: docs/experiments.md's generated blocks
+B1, B2, I1, I2 = 'baseline_anneal', 'baseline_anneal_wd0.03125', *NEW[1:]
+DECISIONS = [dict(c, seeds=TEST) for c in (  # the design's family, the 1x part of it
+    dict(label='a', arm=I1, ref=B1),  # W_Q = I alone at lambda 0.1
+    dict(label='b', arm=I2, ref=B2),  # W_Q = I alone at lambda 2^-5
+    dict(label='c', arm=I2, ref=B1),  # the recipe at scale 1/8
+    dict(label='d', combine=dict(a=0.5, b=0.5), name='d: the main effect of W_Q = I, (a + b)/2'),
+    dict(label='e', combine=dict(b=1, a=-1), name='e: the interaction, b − a'))]
+FAMILY = 8  # a-e at 1x, f-h at 4x (the design)
+LAMBDA = dict(label='λ', arm=B2, ref=B1, seeds=TEST)  # the baseline's weight decay alone
 tables = dict(
     v5_check=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun'),
     v5_tuning=dict(kind='tuning', arms=NEW),
     v5_tuning_4x=dict(kind='tuning', arms=('baseline_anneal4x',)),
+    v5_verdict=dict(kind='decisions', comparisons=DECISIONS, family=FAMILY, margin=0.5,
+                    beside=[LAMBDA]),
 )
 figures = {}
