@@ -19,8 +19,9 @@ import time
 import torch
 
 import common
-from common import (UserError, device_peak_flops, open_dataset, parse_config, run_main,
-                    setup_device, variant_settings)
+from common import (UserError, device_peak_flops, parse_config, run_main, setup_device,
+                    variant_settings)
+from prepare import open_dataset
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(

@@ -18,7 +18,6 @@ import types
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 
@@ -450,136 +449,6 @@ def stream_decoder():
 
 
 # -----------------------------------------------------------------------------
-# the prepared dataset: prepare.py writes data/<name>/{train,val}.bin and meta.json (last);
-# everything else reads it through open_dataset
-
-SPLITS = ('train', 'val')
-
-
-META_TYPES = dict(tokenizer=str, vocab_size=int, dtype=str, train_tokens=int, val_tokens=int)
-BIN_DTYPES = ('uint8', 'uint16', 'uint32')
-CHECKED_AT_OPEN = 2 ** 20  # tokens at each end of each split whose ids are checked when opened
-
-
-def meta_problem(meta):
-    """None when meta.json has every key train.py reads, of the right type, else what is not."""
-    if not isinstance(meta, dict):
-        return f"it holds a {type(meta).__name__}, not an object"
-    for key, kind in META_TYPES.items():
-        if key not in meta:
-            return f"it has no '{key}'"
-        if type(meta[key]) is not kind:
-            return f"its '{key}' is {meta[key]!r}, not a {kind.__name__}"
-    if meta['dtype'] not in BIN_DTYPES:
-        return f"its dtype {meta['dtype']!r} is not one of {', '.join(BIN_DTYPES)}"
-    return None
-
-
-def bins_match_meta(data_dir, meta):
-    """None when meta.json is whole and both bins have exactly the size it records (a whole
-    number of its dtype's tokens), else what is wrong."""
-    if meta_problem(meta):
-        return (f"{os.path.join(data_dir, 'meta.json')} is damaged ({meta_problem(meta)}): "
-                "re-run prepare.py for this dataset with --force=True")
-    for split in SPLITS:
-        path = os.path.join(data_dir, f'{split}.bin')
-        size = os.path.getsize(path) if os.path.exists(path) else -1
-        want = meta[f'{split}_tokens'] * np.dtype(meta['dtype']).itemsize
-        if size != want:
-            found = "is missing" if size < 0 else f"has {size:,} bytes, not {want:,}"
-            return (f"{path} {found} (meta.json records {meta[f'{split}_tokens']:,} "
-                    f"{meta['dtype']} tokens): re-run prepare.py with --force=True")
-    return None
-
-
-def key_generator(key):
-    """A torch generator seeded by key (a tuple of ints) alone: the same draws on every machine,
-    restart and world size."""
-    seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
-    return torch.Generator().manual_seed(seed)
-
-
-class Dataset:
-    """A prepared dataset, checked before anything reads it, that gives (x, y) token windows."""
-
-    def __init__(self, data_dir, meta, block_size):
-        self.dir, self.meta, self.block_size = data_dir, meta, block_size
-
-    def tokens(self, split):
-        return self.meta[f'{split}_tokens']
-
-    def starts(self, split, count, *key):
-        """`count` window starts drawn from a generator seeded by key alone: the same windows for
-        every model, restart and world size."""
-        high = self.tokens(split) - self.block_size - 1
-        return torch.randint(high, (count,), generator=key_generator(key)).numpy()
-
-    def tiling(self, split, batch_size):
-        """Batches of up to batch_size window starts, with their window length, in which every
-        token of the split after the first is a target exactly once, in order: full windows end
-        to end, then one shorter window for the remainder. Nothing random: the same tokens for
-        every run."""
-        targets, block = self.tokens(split) - 1, self.block_size
-        starts = np.arange(targets // block) * block
-        batches = [(starts[i:i + batch_size], block) for i in range(0, len(starts), batch_size)]
-        if targets % block:
-            batches.append((np.array([len(starts) * block]), targets % block))
-        return batches
-
-    def array(self, split):
-        """The split's tokens, read-only. A fresh memmap each call: nanoGPT's fix for the memory
-        growth of a long-lived one."""
-        path = os.path.join(self.dir, f'{split}.bin')
-        return np.memmap(path, dtype=self.meta['dtype'], mode='r')
-
-    def check_ids(self, split, tokens):
-        """Token ids at or above the vocabulary would index past the embedding (on CUDA, a
-        device-side assert): a damaged bin, or one made with another tokenizer."""
-        top = int(tokens.max()) if tokens.size else 0
-        if top >= self.meta['vocab_size']:
-            raise UserError(f"{self.dir}/{split}.bin holds token id {top}, at or above the "
-                            f"vocabulary of {self.meta['vocab_size']} in meta.json: the file is "
-                            "damaged or from another tokenizer; re-run prepare.py with "
-                            "--force=True")
-
-    def batch(self, split, starts, device='cpu', length=None):
-        """Inputs and next-token targets (len(starts), length or block_size) as int64, on
-        device; their ids checked against the vocabulary (on the host, before the copy: free)."""
-        length = length or self.block_size
-        data = self.array(split)
-        windows = np.stack([data[s:s + length + 1] for s in starts])
-        self.check_ids(split, windows)
-        xy = torch.from_numpy(windows.astype(np.int64))
-        x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
-        if str(device).startswith('cuda'):
-            return (x.pin_memory().to(device, non_blocking=True),
-                    y.pin_memory().to(device, non_blocking=True))
-        return x, y
-
-
-def open_dataset(data_root, name, block_size):
-    data_dir = os.path.join(data_root, name)
-    meta_path = os.path.join(data_dir, 'meta.json')
-    if not os.path.exists(meta_path):
-        raise UserError(f"no prepared dataset at {data_dir}: run "
-                        f"`python prepare.py --dataset={name}` first")
-    meta = read_json(meta_path, 'meta.json')
-    problem = bins_match_meta(data_dir, meta)
-    if problem:
-        raise UserError(problem)
-    for split in SPLITS:
-        if meta[f'{split}_tokens'] <= block_size + 1:
-            raise UserError(f"{data_dir}/{split}.bin has {meta[f'{split}_tokens']} tokens, "
-                            f"too few for block_size {block_size}")
-    data = Dataset(data_dir, meta, block_size)
-    for split in SPLITS:  # a cheap look at both ends; each batch is checked as it is read
-        tokens = data.array(split)
-        data.check_ids(split, tokens[:CHECKED_AT_OPEN])
-        data.check_ids(split, tokens[-CHECKED_AT_OPEN:])
-    return data
-
-
-# -----------------------------------------------------------------------------
 # files: write to a temporary name, then rename, so nothing is ever half-written
 
 def atomic_write(path, write):
@@ -627,6 +496,56 @@ def read_jsonl(path):
             except json.JSONDecodeError:
                 continue
     return entries
+
+
+class Record:
+    """The run's record: config.json and log.jsonl (and W&B). The record always describes the
+    checkpoint on disk. A new run writes both with its first entry. A run that starts where a
+    record already is (a resume, or --overwrite=True) holds its entries until it has saved its
+    first checkpoint: only then does it write config.json and the log, cut back to where it
+    started (the lines it writes again), so a resume that fails before then leaves both files
+    byte-identical. eval_only (config None) touches neither: its evaluation goes to
+    eval.jsonl."""
+
+    def __init__(self, out_dir, config, resume_iter, wandb_run=None):
+        self.path, self.config, self.resume_iter = os.path.join(out_dir, 'log.jsonl'), config, \
+            resume_iter
+        self.out_dir, self.wandb_run, self.started = out_dir, wandb_run, False
+        record = [os.path.join(out_dir, f) for f in ('log.jsonl', 'config.json')]
+        self.held = [] if any(map(os.path.exists, record)) and config is not None else None
+
+    def log(self, **entry):
+        if self.wandb_run is not None:
+            self.wandb_run.log(entry, step=entry['iter'])
+        if self.config is None:
+            path = os.path.join(self.out_dir, 'eval.jsonl')
+            return self.append(path, dict(entry, eval_only=True))
+        if self.held is not None:
+            return self.held.append(entry)
+        if not self.started:
+            self.start([])
+        self.append(self.path, entry)
+
+    def start(self, entries):
+        """config.json, then the log cut back to resume_iter with entries after it."""
+        write_json(os.path.join(self.out_dir, 'config.json'), self.config)
+        keep = [e for e in read_jsonl(self.path) if e['iter'] < self.resume_iter or (
+            e['iter'] == self.resume_iter and 'val_loss' not in e)] \
+            if os.path.exists(self.path) else []
+        write_text(self.path, ''.join(json.dumps(e) + '\n' for e in keep + entries))
+        self.started = True
+
+    def flush(self):
+        """A checkpoint was saved (or the run finished): the held entries join the record, which
+        is written now if it was not yet (a checkpoint without a config.json beside it is not)."""
+        if self.config is not None and (self.held is not None or not self.started):
+            entries, self.held = self.held or [], None
+            self.start(entries)
+
+    @staticmethod
+    def append(path, entry):
+        with open(path, 'a') as f:
+            f.write(json.dumps(entry) + '\n')
 
 
 def save_checkpoint(ckpt, path):

@@ -1,6 +1,7 @@
 """
-Tokenize a text corpus into data/<name>/train.bin, val.bin (flat token ids, read by
-train.py through np.memmap) and meta.json (tokenizer, vocab, dtype, counts, source).
+The data format, written and read: a text corpus tokenized into data/<name>/train.bin, val.bin
+(flat token ids) and meta.json (tokenizer, vocab, dtype, counts, source); open_dataset reads
+them back, checked, as the token windows train.py trains on.
 
     python prepare.py --dataset=pydocs                 # embedded corpus, offline, ~10 s
     python prepare.py --dataset=pysource               # the stdlib's source, offline, ~10x pydocs
@@ -23,8 +24,11 @@ import sysconfig
 
 import numpy as np
 
-from common import (SPLITS, Kind, TOKENIZERS, UserError, bins_match_meta, get_tokenizer,
-                    parse_config, read_json, run_main, write_json)
+import torch
+from filelock import FileLock
+
+from common import (Kind, TOKENIZERS, UserError, get_tokenizer, parse_config, read_json, run_main,
+                    write_json)
 
 DEFAULTS = dict(
     dataset='openwebtext',  # 'openwebtext', 'pydocs', 'pysource' (embedded), a hub id, local files
@@ -44,6 +48,155 @@ DEFAULTS = dict(
 TYPES = dict(tokenizer=Kind(str, tuple(TOKENIZERS)), val_size=Kind(float), out_name=Kind(str),
              dtype=Kind(str, ('auto', 'uint8', 'uint16', 'uint32')))
 LOCAL_BUILDERS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}
+
+
+# -----------------------------------------------------------------------------
+# the format: data/<name>/{train,val}.bin (flat token ids) and meta.json, written last by
+# prepare() below; train.py and every other script read them through open_dataset
+
+SPLITS = ('train', 'val')
+
+
+META_TYPES = dict(tokenizer=str, vocab_size=int, dtype=str, train_tokens=int, val_tokens=int)
+BIN_DTYPES = ('uint8', 'uint16', 'uint32')
+CHECKED_AT_OPEN = 2 ** 20  # tokens at each end of each split whose ids are checked when opened
+
+
+def meta_problem(meta):
+    """None when meta.json has every key train.py reads, of the right type, else what is not."""
+    if not isinstance(meta, dict):
+        return f"it holds a {type(meta).__name__}, not an object"
+    for key, kind in META_TYPES.items():
+        if key not in meta:
+            return f"it has no '{key}'"
+        if type(meta[key]) is not kind:
+            return f"its '{key}' is {meta[key]!r}, not a {kind.__name__}"
+    if meta['dtype'] not in BIN_DTYPES:
+        return f"its dtype {meta['dtype']!r} is not one of {', '.join(BIN_DTYPES)}"
+    return None
+
+
+def bins_match_meta(data_dir, meta):
+    """None when meta.json is whole and both bins have exactly the size it records (a whole
+    number of its dtype's tokens), else what is wrong."""
+    if meta_problem(meta):
+        return (f"{os.path.join(data_dir, 'meta.json')} is damaged ({meta_problem(meta)}): "
+                "re-run prepare.py for this dataset with --force=True")
+    for split in SPLITS:
+        path = os.path.join(data_dir, f'{split}.bin')
+        size = os.path.getsize(path) if os.path.exists(path) else -1
+        want = meta[f'{split}_tokens'] * np.dtype(meta['dtype']).itemsize
+        if size != want:
+            found = "is missing" if size < 0 else f"has {size:,} bytes, not {want:,}"
+            return (f"{path} {found} (meta.json records {meta[f'{split}_tokens']:,} "
+                    f"{meta['dtype']} tokens): re-run prepare.py with --force=True")
+    return None
+
+
+def key_generator(key):
+    """A torch generator seeded by key (a tuple of ints) alone: the same draws on every machine,
+    restart and world size."""
+    seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
+    return torch.Generator().manual_seed(seed)
+
+
+class Dataset:
+    """A prepared dataset, checked before anything reads it, that gives (x, y) token windows."""
+
+    def __init__(self, data_dir, meta, block_size):
+        self.dir, self.meta, self.block_size = data_dir, meta, block_size
+
+    def tokens(self, split):
+        return self.meta[f'{split}_tokens']
+
+    def starts(self, split, count, *key):
+        """`count` window starts drawn from a generator seeded by key alone: the same windows for
+        every model, restart and world size."""
+        high = self.tokens(split) - self.block_size - 1
+        return torch.randint(high, (count,), generator=key_generator(key)).numpy()
+
+    def tiling(self, split, batch_size):
+        """Batches of up to batch_size window starts, with their window length, in which every
+        token of the split after the first is a target exactly once, in order: full windows end
+        to end, then one shorter window for the remainder. Nothing random: the same tokens for
+        every run."""
+        targets, block = self.tokens(split) - 1, self.block_size
+        starts = np.arange(targets // block) * block
+        batches = [(starts[i:i + batch_size], block) for i in range(0, len(starts), batch_size)]
+        if targets % block:
+            batches.append((np.array([len(starts) * block]), targets % block))
+        return batches
+
+    def array(self, split):
+        """The split's tokens, read-only. A fresh memmap each call: nanoGPT's fix for the memory
+        growth of a long-lived one."""
+        path = os.path.join(self.dir, f'{split}.bin')
+        return np.memmap(path, dtype=self.meta['dtype'], mode='r')
+
+    def check_ids(self, split, tokens):
+        """Token ids at or above the vocabulary would index past the embedding (on CUDA, a
+        device-side assert): a damaged bin, or one made with another tokenizer."""
+        top = int(tokens.max()) if tokens.size else 0
+        if top >= self.meta['vocab_size']:
+            raise UserError(f"{self.dir}/{split}.bin holds token id {top}, at or above the "
+                            f"vocabulary of {self.meta['vocab_size']} in meta.json: the file is "
+                            "damaged or from another tokenizer; re-run prepare.py with "
+                            "--force=True")
+
+    def batch(self, split, starts, device='cpu', length=None):
+        """Inputs and next-token targets (len(starts), length or block_size) as int64, on
+        device; their ids checked against the vocabulary (on the host, before the copy: free)."""
+        length = length or self.block_size
+        data = self.array(split)
+        windows = np.stack([data[s:s + length + 1] for s in starts])
+        self.check_ids(split, windows)
+        xy = torch.from_numpy(windows.astype(np.int64))
+        x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
+        if str(device).startswith('cuda'):
+            return (x.pin_memory().to(device, non_blocking=True),
+                    y.pin_memory().to(device, non_blocking=True))
+        return x, y
+
+
+def open_dataset(data_root, name, block_size):
+    data_dir = os.path.join(data_root, name)
+    meta_path = os.path.join(data_dir, 'meta.json')
+    if not os.path.exists(meta_path):
+        raise UserError(f"no prepared dataset at {data_dir}: run "
+                        f"`python prepare.py --dataset={name}` first")
+    meta = read_json(meta_path, 'meta.json')
+    problem = bins_match_meta(data_dir, meta)
+    if problem:
+        raise UserError(problem)
+    for split in SPLITS:
+        if meta[f'{split}_tokens'] <= block_size + 1:
+            raise UserError(f"{data_dir}/{split}.bin has {meta[f'{split}_tokens']} tokens, "
+                            f"too few for block_size {block_size}")
+    data = Dataset(data_dir, meta, block_size)
+    for split in SPLITS:  # a cheap look at both ends; each batch is checked as it is read
+        tokens = data.array(split)
+        data.check_ids(split, tokens[:CHECKED_AT_OPEN])
+        data.check_ids(split, tokens[-CHECKED_AT_OPEN:])
+    return data
+
+
+
+def open_or_prepare(data_root, name, block_size, master=True, barrier=None):
+    """open_dataset, after preparing an embedded corpus (pydocs, pysource) that is not there yet:
+    runs started together wait on a lock while the first prepares it; under DDP rank 0 prepares
+    and every rank waits at barrier()."""
+    meta_path = os.path.join(data_root, name, 'meta.json')
+    if name in EMBEDDED and not os.path.exists(meta_path):
+        if master:
+            os.makedirs(data_root, exist_ok=True)
+            with FileLock(os.path.join(data_root, '.prepare.lock')):
+                if not os.path.exists(meta_path):
+                    print(f"no prepared {name} in {data_root}/: preparing the embedded corpus "
+                          "first (offline, ~10 s)")
+                    prepare(dict(DEFAULTS, dataset=name, data_root=data_root, progress=False))
+        if barrier is not None:
+            barrier()
+    return open_dataset(data_root, name, block_size)
 
 
 # -----------------------------------------------------------------------------

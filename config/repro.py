@@ -16,4 +16,4 @@ lr_decay_iters = 6860
 eval_interval = 300
 eval_iters = 20
 log_interval = 25
-diagnostics = True  # the lab's attention probes at every evaluation (lab/probes.py)
+probe = 'lab.probes'  # the lab's attention probes at every evaluation

@@ -140,7 +140,7 @@ def bench_prepare(c):
 
 
 def bench_diagnostics(c, dev):
-    """The cost of the attention diagnostics train.py logs with diagnostics=True (one call per
+    """The cost of the attention diagnostics train.py logs with --probe=lab.probes (one call per
     evaluation, on up to 4 windows) against the training steps between two evaluations, both
     timed here alternately, medians."""
     torch.manual_seed(c['seed'])

@@ -391,10 +391,14 @@ def reused(s, folder, root):
 
 
 def comparable(config):
-    """A run's settings as JSON values, without what names its folder."""
+    """A run's settings as JSON values, without what names its folder. Runs from before the probe
+    setting logged the lab's probes with diagnostics=True, and had eval_windows='fixed', the one
+    behaviour there is now: the same settings as today's."""
     config = json.loads(json.dumps(config))
-    for key in ('out_dir', 'init_from', 'model_args', 'params'):
+    for key in ('out_dir', 'init_from', 'model_args', 'params', 'eval_windows'):
         config.pop(key, None)
+    if config.pop('diagnostics', False):
+        config.setdefault('probe', 'lab.probes')
     return config
 
 

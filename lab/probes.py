@@ -3,7 +3,7 @@ Probes of a model, for the research around it: where its parameters sit, what it
 does (the logits' spread and the softmax's entropy, which the paper's halved scale and lower
 weight decay act on), the size of its weights, and whether it has formed induction heads.
 
-train.py runs `probe` below at every evaluation when --diagnostics=True and adds what it returns
+train.py runs `probe` below at every evaluation with --probe=lab.probes and adds what it returns
 to the evaluation's log line (`diagnostics`, `induction`, `repeat_loss`); lab/report.py draws
 them. Each function walks the blocks itself, so the training path is untouched.
 """
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import key_generator
+from prepare import key_generator
 from model import causal_mask
 
 # Keys of the probes' batches, next to the (data_seed, step) keys of the training batches: above
@@ -128,7 +128,7 @@ def repeated_tokens(data, count, *key):
 
 
 def probe(data, c, device):
-    """train.py's evaluation hook (--diagnostics=True): the probes' batches, drawn once from
+    """train.py's evaluation hook (--probe=lab.probes): the probes' batches, drawn once from
     (data_seed, key), and the function that measures a model on them at each evaluation."""
     count = min(4, c['batch_size'])
     windows = data.starts('val', count, c['data_seed'], DIAGNOSTICS_KEY)

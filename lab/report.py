@@ -348,7 +348,7 @@ def plot_diagnostics(runs, path):
     the Frobenius norm of each weight group, against tokens."""
     runs = [r for r in runs if any('diagnostics' in e for e in r['evals'])]
     if not runs:
-        raise UserError("no diagnostics in these runs' logs (trained with diagnostics=False?)")
+        raise UserError("no diagnostics in these runs' logs (trained without --probe=lab.probes?)")
     plt = pyplot()
     fig, axes = plt.subplots(3, 3, figsize=(14, 10))
     for i, r in enumerate(runs):

@@ -108,7 +108,7 @@ def test_bench_runs_times_a_studys_own_command_per_dtype_and_layout(data_root, m
     from lab import plan
     real = plan.train_args
     tiny = ['--dataset=tiny', '--n_layer=1', '--n_embd=32', '--block_size=32', '--batch_size=2',
-            '--eval_iters=1', '--diagnostics=False']
+            '--eval_iters=1', '--probe=None']
     monkeypatch.setattr(plan, 'train_args', lambda *a, **kw: real(*a, **kw) + tiny)
     # two concurrent jobs, as the runner starts them
     results = lab_bench.main(['--mode=runs', '--run_steps=10', f'--data_root={data_root}',

@@ -83,7 +83,7 @@ def test_help_says_what_each_key_takes():
     import model
     text = common.help_text(train.DEFAULTS, (train.__file__, model.__file__), train.TYPES)
     for key, kind in (('compile', 'bool|None'), ('device', 'device|None'),
-                      ('eval_windows', 'fixed|fresh'), ('attn_scale', 'float|None'),
+                      ('attn_scale', 'float|None'),
                       ('mlp_hidden', 'int|None'), ('dtype', 'float32|bfloat16|float16|None')):
         line = next(l for l in text.splitlines() if l.startswith(f'  --{key}='))
         assert f' {kind} ' in line, line

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import torch
 
 import common
 import prepare
+import safety
 import train
 from common import UserError, load_checkpoint, read_jsonl
 from test_train import HERE, argv, read_log, run
@@ -209,7 +209,7 @@ def test_token_ids_at_or_above_the_vocabulary_are_one_line(data_copy, tmp_path, 
     assert '--force=True' in line
     # past what opening looks at, the batch that reads it says the same
     meta = json.loads((data_copy / 'tiny' / 'meta.json').read_text())
-    data = common.Dataset(str(data_copy / 'tiny'), meta, 32)
+    data = prepare.Dataset(str(data_copy / 'tiny'), meta, 32)
     data.batch('train', np.array([100]))
     with pytest.raises(UserError, match='holds token id 300'):
         data.batch('train', np.array([0]))
@@ -290,12 +290,11 @@ def test_a_second_ctrl_c_stops_at_once_and_keeps_the_checkpoint(data_root, tmp_p
 
 def test_the_first_signal_asks_for_a_save_and_a_second_exits_at_once(monkeypatch, capsys):
     exits = []
-    monkeypatch.setattr(train.os, '_exit', exits.append)
-    r = types.SimpleNamespace(signal=None, c=dict(out_dir='out'),
-                              d=train.Dist(False, 0, 1, 'cpu'))
-    train.on_signal(r, signal.SIGINT)
-    assert r.signal == signal.SIGINT and exits == []
-    train.on_signal(r, signal.SIGINT)
+    monkeypatch.setattr(safety.os, '_exit', exits.append)
+    signals = safety.Signals(safety.Dist(False, 0, 1, 'cpu'), 'out')
+    signals.arrived(signal.SIGINT)
+    assert signals.number == signal.SIGINT and exits == []
+    signals.arrived(signal.SIGINT)
     assert exits == [128 + signal.SIGINT]
     assert capsys.readouterr().err.splitlines() == [
         "SIGINT: saving a checkpoint and stopping (a second one stops at once)",
@@ -304,13 +303,13 @@ def test_the_first_signal_asks_for_a_save_and_a_second_exits_at_once(monkeypatch
 
 def test_a_signal_during_the_full_validation_pass_saves_and_exits_128_plus_it(
         data_root, tmp_path, monkeypatch):
-    real = common.Dataset.batch
+    real = prepare.Dataset.batch
 
     def batch(self, split, starts, device='cpu', length=None):
         if length is not None:  # the full val pass: a signal arrives in its middle
             os.kill(os.getpid(), signal.SIGTERM)
         return real(self, split, starts, device, length)
-    monkeypatch.setattr(common.Dataset, 'batch', batch)
+    monkeypatch.setattr(prepare.Dataset, 'batch', batch)
     with pytest.raises(SystemExit) as stop:
         run(data_root, tmp_path, max_iters=6, eval_interval=100)
     assert stop.value.code == 128 + signal.SIGTERM

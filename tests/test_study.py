@@ -262,7 +262,7 @@ def test_the_v3_commands_train_each_arm_at_the_geometry_and_budget():
     base = P.base_config(s)
     assert base['init_std'] == pytest.approx(0.02 * 6 ** 0.5) and base['dataset'] == 'pysource'
     assert (base['n_embd'] // base['n_head'], base['eval_interval'], base['dtype'],
-            base['diagnostics']) == (64, 100, 'float32', True)
+            base['probe']) == (64, 100, 'float32', 'lab.probes')
     run = P.Run('baseline_small_mlp', 4e-3, 0.1, 301, budget=2.0, dtype='bfloat16')
     args = P.train_args(s, run, base, 'w')
     assert '--mlp_hidden=448' in args and '--max_iters=2400' in args

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+import prepare
+import safety
 import train
 import common
 from common import UserError, load_checkpoint
@@ -48,12 +50,12 @@ def losses(log):
 def spy_batches(monkeypatch):
     """The (split, window starts) of every batch the runs in this test read, in order."""
     seen = []
-    real = common.Dataset.batch
+    real = prepare.Dataset.batch
 
     def batch(self, split, starts, *a):
         seen.append((split, starts.tolist()))
         return real(self, split, starts, *a)
-    monkeypatch.setattr(common.Dataset, 'batch', batch)
+    monkeypatch.setattr(prepare.Dataset, 'batch', batch)
     return seen
 
 
@@ -125,7 +127,7 @@ def test_batches_are_matched_across_variants(data_root, tmp_path, monkeypatch):
 @pytest.mark.long
 @pytest.mark.slow
 def test_ddp_two_processes_match_one_with_double_accumulation(data_root, tmp_path):
-    common = dict(dropout=0.0, max_iters=8, eval_interval=4, lr_decay_iters=8, diagnostics=False)
+    common = dict(dropout=0.0, max_iters=8, eval_interval=4, lr_decay_iters=8, probe=None)
     single = run(data_root, tmp_path / 'one', gradient_accumulation_steps=2, **common)
     env = dict(os.environ, OMP_NUM_THREADS='1')
     cmd = [*TORCHRUN, '--standalone', '--nproc_per_node=2', 'train.py',
@@ -262,9 +264,10 @@ def test_demo_config_parses():
 
 def test_lr_schedule():
     c = dict(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110, decay_lr=True)
-    assert train.lr_at(0, c) == pytest.approx(1 / 11) and train.lr_at(10, c) == pytest.approx(1.0)
-    assert train.lr_at(60, c) == pytest.approx(0.55) and train.lr_at(110, c) == pytest.approx(0.1)
-    assert train.lr_at(500, c) == 0.1
+    lr = lambda it: train.get_lr(it, c)
+    assert lr(0) == pytest.approx(1 / 11) and lr(10) == pytest.approx(1.0)
+    assert lr(60) == pytest.approx(0.55) and lr(110) == pytest.approx(0.1)
+    assert train.get_lr(500, c) == 0.1
 
 
 def test_eval_only_evaluates_and_writes_nothing(data_root, tmp_path, capsys):
@@ -394,25 +397,25 @@ def test_eta_is_logged_and_falls_and_warmup_steps_are_not_timed(data_root, tmp_p
     assert [e['dt_ms'] is None for e in resumed] == [True, True, False, False]
 
 
-def test_fresh_eval_windows_change_per_step_and_match_across_variants(data_root, tmp_path,
-                                                                      monkeypatch):
+def test_eval_windows_are_one_set_for_the_run_and_the_same_across_variants(data_root, tmp_path,
+                                                                         monkeypatch):
     seen = spy_batches(monkeypatch)
 
     def val_windows(**kw):
         seen.clear()
         run(data_root, tmp_path / str(len(os.listdir(tmp_path))), max_iters=4, eval_interval=2,
-            diagnostics=True, **kw)
-        # the first is the diagnostics batch, drawn once
+            probe='lab.probes', **kw)
+        # the first is the probes' batch, drawn once
         return [s for split, s in seen if split == 'val'][1:]
-    fixed, fresh = val_windows(), val_windows(eval_windows='fresh')
-    assert fixed[0] == fixed[2] == fixed[4] and fresh[0] != fresh[2] != fresh[4]
-    assert val_windows(eval_windows='fresh', query='nonlinear', seed=3) == fresh
+    fixed = val_windows()
+    assert fixed[0] == fixed[2] == fixed[4]
+    assert val_windows(query='nonlinear', seed=3) == fixed
 
 
 def test_the_probes_hook_logs_them_and_trains_the_same(data_root, tmp_path):
-    """diagnostics=True runs lab/probes.py at each evaluation (off by default): the probes join
+    """probe='lab.probes' runs lab/probes.py at each evaluation (off by default): the probes join
     the log lines and change nothing the run computes."""
-    on = run(data_root, tmp_path / 'on', max_iters=10, eval_interval=5, diagnostics=True)
+    on = run(data_root, tmp_path / 'on', max_iters=10, eval_interval=5, probe='lab.probes')
     off = run(data_root, tmp_path / 'off', max_iters=10, eval_interval=5)
     probes = ('diagnostics', 'induction', 'repeat_loss')
     assert all(k not in e for e in off for k in probes)
@@ -548,10 +551,10 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_costs_nothing(data_root, t
     """torchrun --max-restarts reruns the same command after a worker is SIGKILLed;
     init_from='auto' resumes from the last checkpoint and the run ends bit-identical to an
     uninterrupted one. One restart is all it may take: the restarted round must reconnect at once
-    (train.restart_store)."""
+    (safety.restart_store)."""
     env = dict(os.environ, OMP_NUM_THREADS='1')
     settings = dict(dropout=0.0, max_iters=120, lr_decay_iters=120, eval_interval=40,
-                    diagnostics=False, init_from='auto', log_interval=10)
+                    probe=None, init_from='auto', log_interval=10)
 
     def torchrun(out):
         return subprocess.Popen([*TORCHRUN, '--standalone', '--nproc_per_node=2',
@@ -603,7 +606,7 @@ def finish(agents, timeout=240):
     return ''.join(o for o, _ in results)
 
 
-MULTI = dict(dropout=0.0, max_iters=60, lr_decay_iters=60, eval_interval=20, diagnostics=False,
+MULTI = dict(dropout=0.0, max_iters=60, lr_decay_iters=60, eval_interval=20, probe=None,
              init_from='auto', log_interval=10, gradient_accumulation_steps=2)
 LONG_MULTI = dict(MULTI, max_iters=120, lr_decay_iters=120, eval_interval=40)
 
@@ -659,7 +662,8 @@ def kill_one_node_and_finish(data_root, out, env):
 def test_a_killed_worker_on_one_node_is_restarted_and_costs_nothing(data_root, tmp_path,
                                                                     fresh_store, one_thread):
     """With torchrun's shared store (the default) the ranks count their rounds in it
-    (train.restart_store); with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 each round has a fresh one."""
+    (safety.restart_store); with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 each round has a fresh
+    one."""
     env = {k: v for k, v in ONE_THREAD.items() if k != 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE'}
     if fresh_store:
         env['TORCH_DISABLE_SHARE_RDZV_TCP_STORE'] = '1'
@@ -683,12 +687,12 @@ def test_each_torchrun_restart_gets_keys_of_its_own(monkeypatch, capsys):
     monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '2')
     monkeypatch.setenv('TORCHELASTIC_MAX_RESTARTS', '3')
     monkeypatch.setenv('RANK', '0')
-    train.restart_store(2).set('rank_0', 'addr')
+    safety.restart_store(2).set('rank_0', 'addr')
     assert server.get('kvgpt/restart_2/rank_0') == b'addr' and not server.check(['rank_0'])
     # across nodes the agents' restart counts can differ: the ranks count their rounds in the store
     monkeypatch.setenv('GROUP_WORLD_SIZE', '2')
     # two rounds of world 2, whatever the counts say
-    rounds = [train.restart_store(2) for _ in range(4)]
+    rounds = [safety.restart_store(2) for _ in range(4)]
     for i, store in enumerate(rounds):
         store.set(f'rank_{i % 2}', f'round {i // 2}')
     assert [server.get(f'kvgpt/restart_{r}/rank_{i}') for r in (0, 1) for i in (0, 1)] == [
@@ -696,7 +700,7 @@ def test_each_torchrun_restart_gets_keys_of_its_own(monkeypatch, capsys):
     assert capsys.readouterr().out == ''  # nothing to warn about
     # a fresh store per restart already
     monkeypatch.setenv('TORCHELASTIC_USE_AGENT_STORE', 'False')
-    assert train.restart_store(2) is None
+    assert safety.restart_store(2) is None
 
 
 def test_an_old_config_with_query_identity_means_query_identity(tmp_path):
@@ -734,7 +738,7 @@ def test_a_fixed_seed_trains_as_it_did(data_root, tmp_path, query):
 
 def test_every_log_step_has_the_gradient_norm_and_every_evaluation_its_probes(data_root, tmp_path):
     short = dict(max_iters=4, eval_interval=2, dropout=0.0)
-    clipped = run(data_root, tmp_path / 'clip', grad_clip=1e-3, diagnostics=True, **short)
+    clipped = run(data_root, tmp_path / 'clip', grad_clip=1e-3, probe='lab.probes', **short)
     free = run(data_root, tmp_path / 'free', grad_clip=0.0, **short)
     norms = [[e['grad_norm'] for e in log if 'loss' in e] for log in (clipped, free)]
     assert len(norms[0]) == len(norms[1]) == 4 and all(n > 1e-3 for n in norms[0])
@@ -750,7 +754,7 @@ def test_every_log_step_has_the_gradient_norm_and_every_evaluation_its_probes(da
 
 def test_the_induction_probe_repeats_random_tokens_never_the_end_of_document(data_root):
     from lab.probes import INDUCTION_KEY, repeated_tokens
-    data = common.open_dataset(data_root, 'tiny', 32)
+    data = prepare.open_dataset(data_root, 'tiny', 32)
     x = repeated_tokens(data, 4, 1337, INDUCTION_KEY)
     assert x.shape == (4, 32) and torch.equal(x[:, :16], x[:, 16:])
     path = os.path.join(data_root, 'tiny', 'train.bin')
@@ -773,7 +777,7 @@ def test_followup_configs_state_its_protocol():
         # a full cosine
         assert (c['max_iters'], c['lr_decay_iters'], c['warmup_iters']) == (60002, 60002, 2000)
         assert (c['learning_rate'], c['weight_decay'], c['min_lr']) == (lr, wd, min_lr)
-        assert train.lr_at(60002, c) == pytest.approx(min_lr)
+        assert train.get_lr(60002, c) == pytest.approx(min_lr)
         assert 'beyond_query_linearity' in open(f'config/{name}.py').read()
     c = train.settings(['config/nonlinear.py'])
     assert (c['query'], c['query_mix'], c['attn_scale']) == ('nonlinear', 1.0, 1 / 16)

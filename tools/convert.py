@@ -31,10 +31,10 @@ from dataclasses import asdict
 
 import torch
 
-from common import (UserError, model_from_checkpoint, open_dataset, parse_config, run_main,
-                    save_checkpoint)
+from common import UserError, model_from_checkpoint, parse_config, run_main, save_checkpoint
 from lab.probes import param_breakdown
 from model import GPT, GPTConfig
+from prepare import open_dataset
 
 DEFAULTS = dict(
     in_dir='out',  # the standard checkpoint to convert (in_dir/ckpt.pt)

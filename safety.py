@@ -1,0 +1,173 @@
+"""
+What keeps a run safe, apart from what it trains: the process group (with torchrun's elastic
+restarts), one run per out_dir, the signals that stop a run, and the ranks' agreement on
+stopping and on failures. Nothing here knows about models; train.py calls it in a few lines.
+"""
+import os
+import signal
+import socket
+import sys
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from filelock import FileLock, Timeout
+
+from common import UserError, fs_error, pick_device
+
+
+class Dist(NamedTuple):
+    ddp: bool  # under torchrun
+    rank: int
+    world: int  # processes in all
+    device: str  # this process's
+
+    @property
+    def master(self):  # rank 0 logs, checkpoints and probes
+        return self.rank == 0
+
+
+def setup_distributed(device, backend=None):
+    """This process's Dist; torchrun sets RANK, LOCAL_RANK and WORLD_SIZE."""
+    device = pick_device(device)
+    if int(os.environ.get('RANK', -1)) == -1:
+        return Dist(False, 0, 1, device)
+    rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    if device.startswith('cuda'):
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
+        torch.cuda.set_device(device)
+    backend = backend or ('nccl' if device.startswith('cuda') else 'gloo')
+    store = restart_store(world)
+    if store is None:
+        dist.init_process_group(backend=backend)
+    else:
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
+    return Dist(True, rank, world, device)
+
+
+def restart_store(world):
+    """The store for the process group's handshake, or None for torchrun's own. torchrun's agent
+    keeps one store for all restarts, so a restarted round's gloo or NCCL handshake can read the
+    previous round's addresses and fail with 'Connection refused' (pytorch/pytorch#135712): each
+    round gets keys of its own. On one node every worker's restart count names the round. Across
+    nodes the agents' counts can differ (pytorch/pytorch#108158), so there the round is counted in
+    the store itself: every rank of a round adds 1 to one key as it starts, so the first round's
+    ranks read 1..world, the next round's world+1..2 world, and so on, on every node alike."""
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True':
+        return None  # torchrun's store is fresh for every round (or there is no torchrun)
+    store = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world,
+                          is_master=False)
+    if os.environ.get('GROUP_WORLD_SIZE', '1') == '1':
+        generation = os.environ['TORCHELASTIC_RESTART_COUNT']
+    else:
+        generation = (store.add('kvgpt/ranks_started', 1) - 1) // world
+    return dist.PrefixStore(f"kvgpt/restart_{generation}", store)
+
+
+def any_rank(d, flag):
+    """True when flag (a bool or a device tensor) is set on any rank: every rank takes the same
+    branch, so none is left waiting in a collective the others never reach. Outside DDP, no
+    sync for a Python bool."""
+    if not d.ddp:
+        return bool(flag)
+    t = flag.float().reshape(1) if torch.is_tensor(flag) else \
+        torch.tensor([float(flag)], device=d.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item() > 0
+
+
+class OutDirLock:
+    """One run per out_dir: an exclusive lock on out_dir/.lock (filelock: flock on POSIX, msvcrt
+    on Windows), which the OS releases when the process ends however it ends, so a crash never
+    leaves a stale lock. Held for the run; out_dir/.owner names its holder. A run that never
+    started (never wrote its record) takes away what it made: those files, and the out_dir
+    itself when it made that too."""
+
+    def __init__(self, out_dir):
+        self.dir, self.made_dir = out_dir, not os.path.isdir(out_dir)
+        self.path, self.owner = os.path.join(out_dir, '.lock'), os.path.join(out_dir, '.owner')
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            self.made_file = not os.path.exists(self.path)
+            self.lock = FileLock(self.path, timeout=0)
+            self.lock.acquire()
+        except Timeout:
+            holder = read_text(self.owner) or 'another process'
+            raise UserError(f"{out_dir} is in use by {holder}: wait for that run, stop it, or "
+                            "choose another --out_dir") from None
+        except OSError as e:
+            raise UserError(f"{fs_error(e, out_dir)} (the run's --out_dir)") from None
+        try:
+            with open(self.owner, 'w') as f:
+                f.write(f"train.py (pid {os.getpid()} on {socket.gethostname()})")
+        except OSError as e:
+            self.lock.release()
+            raise UserError(f"{fs_error(e, out_dir)} (the run's --out_dir)") from None
+
+    def release(self, started):
+        self.lock.release()
+        if not started and self.made_file:
+            for path in (self.path, self.owner):
+                if os.path.exists(path):
+                    os.remove(path)
+            if self.made_dir and not os.listdir(self.dir):
+                os.rmdir(self.dir)
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ''
+
+
+class Interrupted(Exception):
+    """A signal arrived during an evaluation: it is left unfinished, and the run saves."""
+
+
+class Signals:
+    """SIGTERM and SIGINT while a run trains. The first asks for a save at the next safe point
+    (within a step, or an evaluation batch) and a stop; a second stops at once without saving:
+    the checkpoint on disk stays whole, since every write of one is a rename. `number` is the
+    first signal's, None until one arrives."""
+
+    def __init__(self, d, out_dir):
+        self.d, self.out_dir, self.number, self.previous = d, out_dir, None, {}
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, self.arrived)
+                         for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+    def arrived(self, number, frame=None):
+        name = signal.Signals(number).name
+        if self.number is not None:
+            print(f"{name} again: stopping now, without saving; the last checkpoint in "
+                  f"{self.out_dir} is kept", file=sys.stderr, flush=True)
+            return os._exit(128 + number)
+        self.number = number
+        if self.d.master:
+            print(f"{name}: saving a checkpoint and stopping (a second one stops at once)",
+                  file=sys.stderr, flush=True)
+
+    def requested(self, step, log_interval):
+        """A signal arrived on any rank. Under DDP that is one all-reduce, so it is asked only at
+        log steps: still well inside torchrun's grace period, and no per-step host sync."""
+        if self.d.ddp and step % log_interval:
+            return False
+        return any_rank(self.d, self.number is not None)
+
+    def share(self, items):
+        """This rank's items (every world-th, from its rank), asking before each round whether a
+        signal arrived on any rank: an evaluation stops within one batch of it (every rank asks
+        equally often, so none waits in a collective the others skip)."""
+        for first in range(0, len(items), self.d.world):
+            if any_rank(self.d, self.number is not None):
+                raise Interrupted
+            if first + self.d.rank < len(items):
+                yield items[first + self.d.rank]
