@@ -20,7 +20,7 @@ TABLES = dict(tuning=tables.tuning_table, stability=tables.stability_table,
               budget_gap=tables.budget_gap_table, induction=tables.induction_table,
               dtype=tables.dtype_table, claims=tables.claims_table, rerun=tables.rerun_table,
               lag=tables.lag_table, seed_lags=tables.seed_lag_table, logits=tables.logits_table,
-              learned_scale=tables.learned_scale_table,
+              learned_scale=tables.learned_scale_table, seed_phase=tables.seed_phase_table,
               budgets=tables.budgets_table, climb=tables.climb_table, **tables_v2.TABLES)
 BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
 

@@ -108,6 +108,35 @@ def trajectory_figure(ctx, path, comparisons):
     return True
 
 
+def seed_gaps_figure(ctx, path, comparison):
+    """The paired gap against the step seed by seed (left), and each seed's final gap against
+    its arm's strongest induction head minus its reference's (right)."""
+    c = comparison
+    series = tables.trajectories(ctx, c['arm'], c['ref'], c['seeds'])
+    if len(series) < len(c['seeds']):
+        return None
+    fig, (left, right) = report.pyplot().subplots(1, 2, figsize=(12, 4.5))
+    for i, (seed, gap) in enumerate(sorted(series.items())):
+        steps = sorted(gap)
+        left.plot(steps, [gap[k] for k in steps], color=f"C{i % 10}", lw=1, label=str(seed))
+        ends = [tables.induction_curve(ctx.log(ctx.at(a, seed))) for a in (c['ref'], c['arm'])]
+        score = ends[1][max(ends[1])][0] - ends[0][max(ends[0])][0]
+        final = 100 * (ctx.loss(ctx.at(c['arm'], seed)) - ctx.loss(ctx.at(c['ref'], seed))) \
+            / ctx.loss(ctx.at(c['ref'], seed))
+        right.scatter([score], [final], color=f"C{i % 10}")
+        right.annotate(str(seed), (score, final), fontsize=8, xytext=(3, 3),
+                       textcoords='offset points')
+    for ax in (left, right):
+        ax.axhline(0, color='black', lw=0.8)
+    left.set(xlabel='step', ylabel='paired gap on the fixed val windows (%)',
+             title=f"{tables.pair_name(c)}, seed by seed")
+    left.legend(fontsize=7, ncol=2)
+    right.set(xlabel=f"strongest induction head at the end, {c['arm']} minus {c['ref']}",
+              ylabel='paired gap in full val loss at the end (%)', title='the gap and induction')
+    report.save_figure(fig, path)
+    return True
+
+
 def induction_figure(ctx, path, arms, seeds, threshold):
     done = tables.induction_arms(ctx, arms, seeds)
     if not done:
@@ -232,7 +261,7 @@ def budgets_figure(ctx, path, comparisons, references, params, paper=440):
     return True
 
 
-FIGURES = dict(trend=trend_figure, geometry=geometry_figure, diagnostics=diagnostics_figure,
+FIGURES = dict(seed_gaps=seed_gaps_figure, trend=trend_figure, geometry=geometry_figure, diagnostics=diagnostics_figure,
                stability=stability_figure, trajectory=trajectory_figure,
                induction=induction_figure, lag=lag_figure, logits=logits_figure,
                budgets=budgets_figure)

@@ -410,6 +410,47 @@ def onset(curve, threshold):
     return next((k for k in sorted(curve) if curve[k][0] >= threshold), None)
 
 
+def seed_phase_table(ctx, comparison, reference, threshold):
+    """Seed by seed, a comparison's final gap beside its two arms' final losses and their
+    strongest induction head (its score at the end, the first step it reaches threshold); then how
+    the spread is made, at this budget and at the reference comparison's: each arm's sd over seeds,
+    the correlation of the two arms' losses, and that of the gap with the difference in the
+    strongest head's score (Pearson, across seeds)."""
+    from scipy.stats import pearsonr
+    c, seeds = comparison, comparison['seeds']
+    runs = {s: (ctx.at(c['ref'], s), ctx.at(c['arm'], s)) for s in seeds}
+    if any(ctx.loss(x) is None for pair in runs.values() for x in pair):
+        return f"Not yet: {pair_name(c)} on every seed of {seeds[0]}–{seeds[-1]}.\n"
+    rows = [f"| seed | {c['ref']} | {c['arm']} | gap | strongest induction head at the end "
+            f"({c['ref']}, {c['arm']}) | first step at {threshold:g} ({c['ref']}, {c['arm']}) |",
+            "|---|---|---|---|---|---|"]
+    gaps, scores = [], []
+    for s, (ref, arm) in runs.items():
+        curves = [induction_curve(ctx.log(r)) for r in (ref, arm)]
+        ends = [cv[max(cv)][0] for cv in curves]
+        starts = [onset(cv, threshold) for cv in curves]
+        gaps.append(100 * (ctx.loss(arm) - ctx.loss(ref)) / ctx.loss(ref))
+        scores.append(ends[1] - ends[0])
+        rows.append(f"| {s} | {ctx.loss(ref):.4f} | {ctx.loss(arm):.4f} | {pct(gaps[-1])} | "
+                    f"{ends[0]:.3f}, {ends[1]:.3f} | "
+                    + ', '.join('never' if x is None else str(x) for x in starts) + " |")
+    r, p = pearsonr(scores, gaps)
+    lines = ["| pair | seeds | sd of the final loss, ref, arm | r between the arms' losses |",
+             "|---|---|---|---|"]
+    for pair in (reference, c):
+        done = [(ctx.loss(ctx.at(pair['ref'], s)), ctx.loss(ctx.at(pair['arm'], s)))
+                for s in pair['seeds']]
+        if any(x is None for d in done for x in d):
+            continue
+        refs, arms = zip(*done)
+        lines.append(f"| {pair['label']} | {pair['seeds'][0]}–{pair['seeds'][-1]} | "
+                     f"{stats.mean_sd(refs)[1]:.4f}, {stats.mean_sd(arms)[1]:.4f} | "
+                     f"{pearsonr(refs, arms)[0]:+.2f} |")
+    return ('\n'.join(rows) + f"\n\nAcross the {len(seeds)} seeds the gap and the arm's strongest "
+            f"head minus the reference's (at the end) correlate with r = {r:+.2f} (p {fmt_p(p)}).\n"
+            "\n" + '\n'.join(lines) + '\n')
+
+
 def induction_arms(ctx, arms, seeds):
     """The arms with every one of the seeds finished: the reference (first) among them, or none."""
     done = [a for a in arms if len(ctx.done(a, seeds)) == len(seeds)]

@@ -126,6 +126,9 @@ tables = dict(
     v4_trajectory_4x=dict(kind='trajectory', comparisons=ANNEALED[1:], every=400,
                           figure='assets/v4_trajectory.png'),
     v4_climb=dict(kind='climb', arms=CLIMB, lrs=(8e-3, 1.13e-2, 1.6e-2, 2.26e-2)),
+    # added after v4 was read: its 4x noise, seed by seed (v5's design rests on it)
+    v4_seed_phase=dict(kind='seed_phase', comparison=ANNEALED[1], reference=ANNEALED[0],
+                       threshold=0.03),
 )
 figures = {
     'v4_lag.png': dict(kind='lag', comparisons=[V3, *COMPARISONS, *LEARNED], levels=LEVELS),
@@ -135,4 +138,5 @@ figures = {
     'v4_trajectory.png': dict(kind='trajectory', comparisons=ANNEALED),
     'v4_budgets.png': dict(kind='budgets', comparisons=ANNEALED, references=UNANNEALED,
                            params=PARAMS),
+    'v4_seed_gaps.png': dict(kind='seed_gaps', comparison=ANNEALED[1]),
 }
