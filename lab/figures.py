@@ -261,7 +261,8 @@ def budgets_figure(ctx, path, comparisons, references, params, paper=440):
     return True
 
 
-FIGURES = dict(seed_gaps=seed_gaps_figure, trend=trend_figure, geometry=geometry_figure, diagnostics=diagnostics_figure,
+FIGURES = dict(seed_gaps=seed_gaps_figure, trend=trend_figure, geometry=geometry_figure,
+               diagnostics=diagnostics_figure,
                stability=stability_figure, trajectory=trajectory_figure,
                induction=induction_figure, lag=lag_figure, logits=logits_figure,
                budgets=budgets_figure)

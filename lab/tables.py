@@ -447,7 +447,8 @@ def seed_phase_table(ctx, comparison, reference, threshold):
                      f"{stats.mean_sd(refs)[1]:.4f}, {stats.mean_sd(arms)[1]:.4f} | "
                      f"{pearsonr(refs, arms)[0]:+.2f} |")
     return ('\n'.join(rows) + f"\n\nAcross the {len(seeds)} seeds the gap and the arm's strongest "
-            f"head minus the reference's (at the end) correlate with r = {r:+.2f} (p {fmt_p(p)}).\n"
+            f"head minus the reference's (at the end) correlate with r = {r:+.2f} "
+            f"(p {fmt_p(p)}).\n"
             "\n" + '\n'.join(lines) + '\n')
 
 
