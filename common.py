@@ -15,7 +15,9 @@ import re
 import shutil
 import sys
 import types
+import typing
 from contextlib import contextmanager, nullcontext
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +104,13 @@ class Kind:
         words = ('|'.join(self.choices) if self.choices
                  else getattr(self.kind, '__name__', self.kind))
         return words + ('|None' if self.optional else '')
+
+
+def field_kinds(cls):
+    """{field: Kind} of a dataclass's fields, from their annotations (Optional[int] is an int or
+    None)."""
+    return {f.name: Kind(next(a for a in (*typing.get_args(f.type), f.type)
+                              if a is not type(None))) for f in dataclasses.fields(cls)}
 
 
 def kind_of(key, defaults, types):
@@ -496,56 +505,6 @@ def read_jsonl(path):
             except json.JSONDecodeError:
                 continue
     return entries
-
-
-class Record:
-    """The run's record: config.json and log.jsonl (and W&B). The record always describes the
-    checkpoint on disk. A new run writes both with its first entry. A run that starts where a
-    record already is (a resume, or --overwrite=True) holds its entries until it has saved its
-    first checkpoint: only then does it write config.json and the log, cut back to where it
-    started (the lines it writes again), so a resume that fails before then leaves both files
-    byte-identical. eval_only (config None) touches neither: its evaluation goes to
-    eval.jsonl."""
-
-    def __init__(self, out_dir, config, resume_iter, wandb_run=None):
-        self.path, self.config, self.resume_iter = os.path.join(out_dir, 'log.jsonl'), config, \
-            resume_iter
-        self.out_dir, self.wandb_run, self.started = out_dir, wandb_run, False
-        record = [os.path.join(out_dir, f) for f in ('log.jsonl', 'config.json')]
-        self.held = [] if any(map(os.path.exists, record)) and config is not None else None
-
-    def log(self, **entry):
-        if self.wandb_run is not None:
-            self.wandb_run.log(entry, step=entry['iter'])
-        if self.config is None:
-            path = os.path.join(self.out_dir, 'eval.jsonl')
-            return self.append(path, dict(entry, eval_only=True))
-        if self.held is not None:
-            return self.held.append(entry)
-        if not self.started:
-            self.start([])
-        self.append(self.path, entry)
-
-    def start(self, entries):
-        """config.json, then the log cut back to resume_iter with entries after it."""
-        write_json(os.path.join(self.out_dir, 'config.json'), self.config)
-        keep = [e for e in read_jsonl(self.path) if e['iter'] < self.resume_iter or (
-            e['iter'] == self.resume_iter and 'val_loss' not in e)] \
-            if os.path.exists(self.path) else []
-        write_text(self.path, ''.join(json.dumps(e) + '\n' for e in keep + entries))
-        self.started = True
-
-    def flush(self):
-        """A checkpoint was saved (or the run finished): the held entries join the record, which
-        is written now if it was not yet (a checkpoint without a config.json beside it is not)."""
-        if self.config is not None and (self.held is not None or not self.started):
-            entries, self.held = self.held or [], None
-            self.start(entries)
-
-    @staticmethod
-    def append(path, entry):
-        with open(path, 'a') as f:
-            f.write(json.dumps(entry) + '\n')
 
 
 def save_checkpoint(ckpt, path):

@@ -181,6 +181,28 @@ def open_dataset(data_root, name, block_size):
 
 
 
+def check_fits(meta, vocab_size, model_block, block_size):
+    """The dataset's ids index into the model's vocabulary, and its windows fit the model."""
+    if vocab_size < meta['vocab_size']:
+        raise UserError(f"the model's vocab_size {vocab_size} is smaller than the dataset's "
+                        f"{meta['vocab_size']} ({meta['tokenizer']}): raise vocab_size or leave "
+                        "it None")
+    if block_size > model_block:
+        raise UserError(f"block_size {block_size} is longer than the model's {model_block}")
+
+
+def check_same_data(saved, meta, checkpoint, data_dir):
+    """A resume continues on the data its checkpoint was trained on: saved is the meta.json the
+    checkpoint recorded (nanoGPT's and converted checkpoints record none)."""
+    differ = [f"{k} {saved.get(k)!r} != {meta.get(k)!r}" for k in
+              ('tokenizer', 'vocab_size', 'dtype', 'train_tokens', 'val_tokens')
+              if saved and saved.get(k) != meta.get(k)]
+    if differ:
+        raise UserError(f"{checkpoint} was trained on other data than {data_dir} "
+                        f"({', '.join(differ)}): resume on the data it was trained on, or start "
+                        "a new out_dir")
+
+
 def open_or_prepare(data_root, name, block_size, master=True, barrier=None):
     """open_dataset, after preparing an embedded corpus (pydocs, pysource) that is not there yet:
     runs started together wait on a lock while the first prepares it; under DDP rank 0 prepares

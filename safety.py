@@ -1,8 +1,10 @@
 """
 What keeps a run safe, apart from what it trains: the process group (with torchrun's elastic
-restarts), one run per out_dir, the signals that stop a run, and the ranks' agreement on
-stopping and on failures. Nothing here knows about models; train.py calls it in a few lines.
+restarts), one run per out_dir and no run started over another by accident, the signals that
+stop a run, and the ranks' agreement on stopping, on failures and on their RNG states. Nothing
+here knows about models; train.py calls it in a few lines.
 """
+import gc
 import os
 import signal
 import socket
@@ -13,7 +15,7 @@ import torch
 import torch.distributed as dist
 from filelock import FileLock, Timeout
 
-from common import UserError, fs_error, pick_device
+from common import UserError, fs_error, load_checkpoint, pick_device
 
 
 class Dist(NamedTuple):
@@ -25,6 +27,15 @@ class Dist(NamedTuple):
     @property
     def master(self):  # rank 0 logs, checkpoints and probes
         return self.rank == 0
+
+    def per_process(self, micro_steps):
+        """This process's share of a step's micro-batches: the global batch is the same at every
+        world size, so the count must divide by it."""
+        if micro_steps % self.world:
+            raise UserError(f"gradient_accumulation_steps {micro_steps} is not divisible by the "
+                            f"world size {self.world}: the global batch must be the same at "
+                            "every world size")
+        return micro_steps // self.world
 
 
 def setup_distributed(device, backend=None):
@@ -43,6 +54,18 @@ def setup_distributed(device, backend=None):
     else:
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
     return Dist(True, rank, world, device)
+
+
+def close(d, finished):
+    """The process group's end. After a finished run, first free what still holds gloo work
+    (the DDP wrapper's reducer, dropped by the caller) and let rank 0 finish writing: either torn
+    down late aborts the process (SIGABRT) at exit."""
+    if not d.ddp:
+        return
+    if finished:
+        gc.collect()
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def restart_store(world):
@@ -120,6 +143,46 @@ def read_text(path):
             return f.read().strip()
     except OSError:
         return ''
+
+
+def resolve_init(c, master):
+    """init_from with 'auto' resolved. A run that would start from scratch over an existing
+    checkpoint is refused, so repeating a command never silently replaces a run."""
+    path = os.path.join(c['out_dir'], 'ckpt.pt')
+    exists = os.path.exists(path)
+    if c['init_from'] == 'auto':
+        if master:
+            print("init_from=auto: " + (f"resuming from {path}" if exists else
+                                        f"no checkpoint in {c['out_dir']}, starting from scratch"))
+        return 'resume' if exists else 'scratch'
+    if c['init_from'] == 'scratch' and exists and not c['overwrite']:
+        try:
+            step = f" at iter {load_checkpoint(path, mmap=True)['iter_num']}"
+        except (UserError, KeyError):
+            step = " (unreadable)"
+        raise UserError(f"{c['out_dir']} already holds a checkpoint{step}: --init_from=resume "
+                        "continues it, --overwrite=True starts over (its log and checkpoints are "
+                        "replaced)")
+    return c['init_from']
+
+
+def rng_states(d):
+    """Every rank's torch (and cuda) RNG state, as tensors: loads under weights_only=True."""
+    state = {'torch': torch.get_rng_state()}
+    if d.device.startswith('cuda'):
+        state['cuda'] = torch.cuda.get_rng_state(d.device)
+    if not d.ddp:
+        return [state]
+    gathered = [None] * d.world
+    dist.all_gather_object(gathered, {k: v.cpu() for k, v in state.items()})
+    return gathered
+
+
+def set_rng_state(d, states):
+    if d.rank < len(states):
+        torch.set_rng_state(states[d.rank]['torch'])
+        if 'cuda' in states[d.rank] and d.device.startswith('cuda'):
+            torch.cuda.set_rng_state(states[d.rank]['cuda'], d.device)
 
 
 class Interrupted(Exception):

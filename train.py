@@ -10,13 +10,10 @@ sees the same tokens at the same step, so runs compare side by side. Checkpoints
 atomically, never from a non-finite state, and a resume continues bit for bit. Ctrl-C or
 SIGTERM saves and stops (exit code 128 + the signal's number); --init_from=auto continues.
 """
-import gc
-import importlib
 import math
 import os
 import sys
 import time
-import typing
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
@@ -27,9 +24,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import model
 import prepare
 import safety
-from common import (DTYPES, Kind, Record, UserError, device_peak_flops, fs_error, load_checkpoint,
+from common import (DTYPES, Kind, UserError, device_peak_flops, field_kinds, fs_error,
                     model_errors, model_from_checkpoint, parse_config, print_overrides, run_main,
                     save_checkpoint, setup_device)
+from record import Record, StepTimer, format_eta, init_wandb, load_probe
 from model import ACTIVATIONS, GPT, QUERY_MODES, GPTConfig, upgrade_query
 
 # -----------------------------------------------------------------------------
@@ -37,8 +35,7 @@ from model import ACTIVATIONS, GPT, QUERY_MODES, GPTConfig, upgrade_query
 DEFAULTS = dict(
     # run: where it goes, what it logs and keeps
     out_dir='out',  # checkpoints, log.jsonl and config.json of the run
-    init_from='scratch',  # scratch, resume, auto (resume if a checkpoint), gpt2*, a GPT-2 folder
-    #                       ('auto' is for launchers that restart; gpt2, gpt2-medium .. gpt2-xl)
+    init_from='scratch',  # scratch, resume, auto (resume if a checkpoint), gpt2..gpt2-xl, a folder
     overwrite=False,  # True: init_from='scratch' may start over an out_dir holding a checkpoint
     eval_interval=1000,  # steps between evaluations (and checkpoints)
     eval_iters=200,  # batches per split in each evaluation
@@ -84,27 +81,19 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig)]
 # every model field is a key, with GPTConfig's default (None where GPTConfig derives it)
 DEFAULTS.update({f.name: f.default for f in fields(GPTConfig) if f.name not in DEFAULTS})
 # the type of each key whose default does not say it (--help shows them): the model's from
-# GPTConfig's annotations (Optional[int] is an int or None), and the choices of a word
+# GPTConfig's annotations, and the choices of a word
 TYPES = dict(
-    {f.name: Kind(next(a for a in (*typing.get_args(f.type), f.type) if a is not type(None)))
-     for f in fields(GPTConfig)},
-    query=Kind(str, QUERY_MODES), pos=Kind(str, ('learned', 'rope')),
+    field_kinds(GPTConfig), query=Kind(str, QUERY_MODES), pos=Kind(str, ('learned', 'rope')),
     activation=Kind(str, tuple(ACTIVATIONS)), device=Kind('device'), dtype=Kind(str, DTYPES),
     compile=Kind(bool), backend=Kind(str, ('nccl', 'gloo')), probe=Kind(str))
 
 
 def settings(argv=None):
-    """The run's config from defaults, config files and --key=value, with `query` the one query
-    setting."""
+    """The run's config from defaults, config files and --key=value; `query` the one query key."""
     c = parse_config(DEFAULTS, argv, described_in=(__file__, model.__file__), types=TYPES)
     if c.pop('query_identity'):
         with model_errors('config'):
             c['query'] = upgrade_query({'query': c['query'], 'query_identity': True})['query']
-    check_settings(c)
-    return c
-
-
-def check_settings(c):
     for key in ('batch_size', 'block_size', 'max_iters', 'eval_interval', 'eval_iters',
                 'log_interval'):
         if c[key] < (0 if key == 'max_iters' else 1):
@@ -112,6 +101,7 @@ def check_settings(c):
     if not all(isinstance(k, int) and k > 0 for k in c['keep_checkpoints']):
         raise UserError("keep_checkpoints must be a tuple of positive steps, "
                         f"got {c['keep_checkpoints']!r}")
+    return c
 
 
 # -----------------------------------------------------------------------------
@@ -120,10 +110,13 @@ def check_settings(c):
 EVAL_KEY = 2 ** 31  # + split (0 train, 1 val): the evaluation windows' key, above every step's
 
 
+def tokens_per_iter(c):
+    return c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
+
+
 def get_batch(data, c, step, micro, device):
-    """Micro-batch `micro` of step `step`'s global batch (gradient_accumulation_steps of them over
-    all ranks). Its windows are drawn from (data_seed, step) alone, so every variant, restart and
-    world size reads the same tokens at the same step."""
+    """Micro-batch `micro` of step `step`'s global batch, whose windows are drawn from (data_seed,
+    step) alone: every variant, restart and world size reads the same tokens at the same step."""
     n = c['batch_size']
     starts = data.starts('train', c['gradient_accumulation_steps'] * n, c['data_seed'], step)
     return data.batch('train', starts[micro * n:(micro + 1) * n], device)
@@ -147,7 +140,8 @@ def build_model(c, meta, master):
             model = GPT(GPTConfig(**model_args_from(c, meta)), verbose=master)
     elif c['init_from'] == 'resume':
         model, ckpt = model_from_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'), verbose=master)
-        check_same_data(ckpt, meta, c)
+        prepare.check_same_data(ckpt.get('meta'), meta, f"{c['out_dir']}/ckpt.pt",
+                                f"{c['data_root']}/{c['dataset']}")
         changed = [k for k, v in ckpt['model_args'].items() if c.get(k) is not None and c[k] != v]
         if changed and master:
             print("resuming: the checkpoint's model settings win over "
@@ -155,27 +149,8 @@ def build_model(c, meta, master):
     else:
         with model_errors():
             model = GPT.from_pretrained(c['init_from'], dropout=c['dropout'])
-    if model.config.vocab_size < meta['vocab_size']:
-        raise UserError(f"the model's vocab_size {model.config.vocab_size} is smaller than the "
-                        f"dataset's {meta['vocab_size']} ({meta['tokenizer']}): raise vocab_size "
-                        "or leave it None")
-    if c['block_size'] > model.config.block_size:
-        raise UserError(f"block_size {c['block_size']} is longer than the model's "
-                        f"{model.config.block_size}")
+    prepare.check_fits(meta, model.config.vocab_size, model.config.block_size, c['block_size'])
     return model, ckpt
-
-
-def check_same_data(ckpt, meta, c):
-    """A resume continues on the data its checkpoint was trained on (nanoGPT's and converted
-    checkpoints carry no record of it)."""
-    saved = ckpt.get('meta') or {}
-    differ = [f"{k} {saved.get(k)!r} != {meta.get(k)!r}" for k in
-              ('tokenizer', 'vocab_size', 'dtype', 'train_tokens', 'val_tokens')
-              if saved and saved.get(k) != meta.get(k)]
-    if differ:
-        raise UserError(f"{c['out_dir']}/ckpt.pt was trained on other data than "
-                        f"{c['data_root']}/{c['dataset']} ({', '.join(differ)}): resume on the "
-                        "data it was trained on, or start a new out_dir")
 
 
 # -----------------------------------------------------------------------------
@@ -198,8 +173,7 @@ def get_lr(it, c):
 # the loop
 
 @dataclass
-class Run:
-    """What the loop changes and what it reads: set up by setup() below."""
+class Run:  # what the loop reads and changes, made by setup() below
     c: dict  # the settings
     d: safety.Dist  # this process's place in the world
     dev: object  # common.DeviceSetup: device, dtype, autocast
@@ -218,13 +192,12 @@ class Run:
 def train_loop(r):
     """nanoGPT's loop: evaluate and save, the micro-steps, clip and step, log, stop."""
     c, d, start_iter = r.c, r.d, r.iter_num
-    accum = c['gradient_accumulation_steps'] // d.world  # micro-steps of this process
-    tokens_per_iter = c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
+    accum = d.per_process(c['gradient_accumulation_steps'])  # this process's micro-steps
     # the step's loss and gradient norm stay on the device, read only at log steps
     loss_sum = torch.zeros((), device=d.device)
     nonfinite = torch.zeros((), dtype=torch.bool, device=d.device)
     grad_norm = torch.zeros((), device=d.device)
-    timer = Timer(start_iter)
+    timer = StepTimer(start_iter)
     while True:
         last = r.iter_num >= c['max_iters'] or c['eval_only']
         if r.iter_num % c['eval_interval'] == 0 or last:
@@ -268,8 +241,7 @@ def train_loop(r):
             save(r, 'kept', f'ckpt_{r.iter_num}.pt')
         if log_now:
             check_finite(r, nonfinite)
-            log_step(r, loss_sum / accum, grad_norm, lr, timer.step_time(r.iter_num),
-                     tokens_per_iter)
+            log_step(r, loss_sum / accum, grad_norm, lr, timer.step_time(r.iter_num))
         if r.signals.requested(r.iter_num, c['log_interval']):
             return stop(r, nonfinite)
 
@@ -289,69 +261,41 @@ def stop(r, nonfinite):
               "(or auto)", flush=True)
 
 
-def log_step(r, mean_loss, grad_norm, lr, dt, tokens_per_iter):
-    c = r.c
+def log_step(r, mean_loss, grad_norm, lr, dt):
+    c, tokens = r.c, tokens_per_iter(r.c)
     if r.d.ddp:  # the step's global-batch mean, as after a resume
         dist.all_reduce(mean_loss)
         mean_loss /= r.d.world
     loss, grad_norm = mean_loss.item(), float(grad_norm)
     peak = device_peak_flops(r.d.device)
-    mfu = dt and r.model.estimate_mfu(tokens_per_iter // r.d.world, dt, peak, c['block_size'])
+    mfu = dt and r.model.estimate_mfu(tokens // r.d.world, dt, peak, c['block_size'])
     eta = dt and dt * (c['max_iters'] - r.iter_num)
     if not r.d.master:
         return
     timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
     print(f"iter {r.iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}{timing}"
           + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
-    r.record.log(iter=r.iter_num, tokens=r.iter_num * tokens_per_iter, lr=lr, loss=loss,
-                 grad_norm=grad_norm, dt_ms=dt and dt * 1000,
-                 tokens_per_s=dt and tokens_per_iter / dt, mfu=mfu, eta_s=eta)
-
-
-TIMING_WARMUP = 2  # steps after each (re)start left out of step times (compilation, caches)
-
-
-class Timer:
-    """Seconds per step since the last log line, leaving out the TIMING_WARMUP steps after each
-    (re)start and every evaluation."""
-
-    def __init__(self, start_iter):
-        self.start_iter, self.mark = start_iter, None
-
-    def tick(self, iter_num):
-        if iter_num - self.start_iter == TIMING_WARMUP:
-            self.mark = (iter_num, time.time())
-
-    def pause(self, seconds):
-        if self.mark is not None:
-            self.mark = (self.mark[0], self.mark[1] + seconds)
-
-    def step_time(self, iter_num):
-        if self.mark is None or self.mark[0] == iter_num:
-            return None
-        now = time.time()
-        dt, self.mark = (now - self.mark[1]) / (iter_num - self.mark[0]), (iter_num, now)
-        return dt
-
-
-def format_eta(seconds):
-    m = int(seconds // 60)
-    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{int(seconds % 60):02d}s"
+    r.record.log(iter=r.iter_num, tokens=r.iter_num * tokens, lr=lr, loss=loss,
+                 grad_norm=grad_norm, dt_ms=dt and dt * 1000, tokens_per_s=dt and tokens / dt,
+                 mfu=mfu, eta_s=eta)
 
 
 # -----------------------------------------------------------------------------
 # evaluation
 
 def evaluate(r, moved):
-    """The losses on both splits (the full val loss too at the end), the probes, the log line,
-    then a checkpoint; the seconds it took (the step times leave them out)."""
-    c, t0 = r.c, time.time()
-    losses = {split: estimate_loss(r, split) for split in ('train', 'val')}
-    tokens = r.iter_num * c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
-    entry = dict(iter=r.iter_num, tokens=tokens, train_loss=losses['train'],
-                 val_loss=losses['val'])
-    if r.iter_num >= c['max_iters'] or c['eval_only']:
-        entry['val_loss_full'] = full_val_loss(r)
+    """The losses on both splits (and at the end the full val loss, the number verdicts use),
+    the probes, the log line, then a checkpoint; the seconds it took."""
+    c, t0, n = r.c, time.time(), r.c['batch_size']
+    losses = {}
+    for k, split in enumerate(('train', 'val')):  # windows drawn once: the same at every step
+        starts = r.data.starts(split, c['eval_iters'] * n, c['data_seed'], EVAL_KEY + k)
+        losses[split] = mean_loss(r, r.step_model, split, [
+            (starts[i * n:(i + 1) * n], None) for i in range(c['eval_iters'])])
+    entry = dict(iter=r.iter_num, tokens=r.iter_num * tokens_per_iter(c),
+                 train_loss=losses['train'], val_loss=losses['val'])
+    if r.iter_num >= c['max_iters'] or c['eval_only']:  # every val token once, in order
+        entry['val_loss_full'] = mean_loss(r, r.model, 'val', r.data.tiling('val', n), True)
     if r.probe is not None:
         r.model.eval()
         with r.dev.ctx:
@@ -374,55 +318,21 @@ def evaluate(r, moved):
 
 
 @torch.no_grad()
-def estimate_loss(r, split):
-    """The mean loss over eval_iters batches, the ranks splitting them, on windows drawn once for
-    the whole run: every variant and step is measured on identical tokens."""
-    c, batch = r.c, r.c['batch_size']
-    starts = r.data.starts(split, c['eval_iters'] * batch, c['data_seed'],
-                           EVAL_KEY + ('train', 'val').index(split))
+def mean_loss(r, model, split, batches, per_token=False):
+    """The mean loss over batches, (window starts, length) each: of the batches' losses, or with
+    per_token of every target. The ranks split the batches; a signal stops it within one."""
     total = torch.zeros(2, dtype=torch.float64, device=r.d.device)
-    r.step_model.eval()
-    for i in r.signals.share(range(c['eval_iters'])):
-        x, y = r.data.batch(split, starts[i * batch:(i + 1) * batch], r.d.device)
+    model.eval()
+    for starts, length in (batches[i] for i in r.signals.share(range(len(batches)))):
+        x, y = r.data.batch(split, starts, r.d.device, length)
         with r.dev.ctx:
-            _, loss = r.step_model(x, y)
-        total += torch.stack([loss.double(), torch.ones_like(total[0])])
-    r.step_model.train()
+            _, loss = model(x, y)
+        weight = torch.tensor(float(y.numel()) if per_token else 1.0, device=total.device)
+        total += torch.stack([loss.double() * weight, weight.double()])
+    model.train()
     if r.d.ddp:
         dist.all_reduce(total)
     return (total[0] / total[1]).item()
-
-
-@torch.no_grad()
-def full_val_loss(r):
-    """The mean loss over every token of the val split once, in order (Dataset.tiling): no
-    sampling noise, and the same tokens for every run, seed and world size. The number a verdict
-    between variants uses; computed at the final evaluation only."""
-    total = torch.zeros(2, dtype=torch.float64, device=r.d.device)
-    tiling = r.data.tiling('val', r.c['batch_size'])
-    r.model.eval()
-    for starts, length in (tiling[i] for i in r.signals.share(range(len(tiling)))):
-        x, y = r.data.batch('val', starts, r.d.device, length)
-        with r.dev.ctx:
-            _, loss = r.model(x, y)
-        total += torch.stack([loss.double() * y.numel(),
-                              torch.tensor(float(y.numel()), device=total.device)])
-    r.model.train()
-    if r.d.ddp:
-        dist.all_reduce(total)
-    return (total[0] / total[1]).item()
-
-
-def evaluation_probe(c, data, device):
-    """The probe setting's hook, run at each evaluation: its dict joins the log line."""
-    if c['probe'] is None:
-        return None
-    try:
-        module = importlib.import_module(c['probe'])
-    except ImportError as e:
-        raise UserError(f"probe={c['probe']!r} cannot be imported ({e}): run from the repository "
-                        "root, or set --probe=None") from None
-    return module.probe(data, c, device)
 
 
 # -----------------------------------------------------------------------------
@@ -432,7 +342,7 @@ def save(r, reason, name='ckpt.pt'):
     """Write a checkpoint atomically from rank 0, never from non-finite weights. The ranks agree on
     failure first, so a save that fails on rank 0 ends every rank with its message, not a hang.
     Once ckpt.pt is written, the run's record may describe it."""
-    states = rng_states(r.d)  # a collective: every rank takes part
+    states = safety.rng_states(r.d)  # a collective: every rank takes part
     path, error = os.path.join(r.c['out_dir'], name), None
     if r.d.master and not all(bool(torch.isfinite(p).all()) for p in r.model.parameters()):
         error = f"parameters are non-finite at iter {r.iter_num}; not saving, {path} is untouched"
@@ -442,8 +352,7 @@ def save(r, reason, name='ckpt.pt'):
                 model=r.model.state_dict(), optimizer=r.optimizer.state_dict(),
                 model_args=asdict(r.model.config), iter_num=r.iter_num,
                 best_val_loss=r.best_val_loss, config=r.c, meta=r.data.meta, rng=states,
-                tokens_seen=r.iter_num * r.c['gradient_accumulation_steps'] * r.c['batch_size']
-                * r.c['block_size'],
+                tokens_seen=r.iter_num * tokens_per_iter(r.c),
                 scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None), path)
         except OSError as e:
             error = f"{fs_error(e, path)}; the previous checkpoint there is untouched"
@@ -465,44 +374,7 @@ def restore(r, ckpt):
     if ckpt.get('scaler'):
         r.scaler.load_state_dict(ckpt['scaler'])
     r.iter_num, r.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
-    states = ckpt.get('rng', [])
-    if r.d.rank < len(states):
-        torch.set_rng_state(states[r.d.rank]['torch'])
-        if 'cuda' in states[r.d.rank] and r.d.device.startswith('cuda'):
-            torch.cuda.set_rng_state(states[r.d.rank]['cuda'], r.d.device)
-
-
-def rng_states(d):
-    """Every rank's torch (and cuda) RNG state, as tensors: loads under weights_only=True."""
-    state = {'torch': torch.get_rng_state()}
-    if d.device.startswith('cuda'):
-        state['cuda'] = torch.cuda.get_rng_state(d.device)
-    if not d.ddp:
-        return [state]
-    gathered = [None] * d.world
-    dist.all_gather_object(gathered, {k: v.cpu() for k, v in state.items()})
-    return gathered
-
-
-def resolve_init(c, master):
-    """init_from with 'auto' resolved. A run that would start from scratch over an existing
-    checkpoint is refused, so repeating a command never silently replaces a run."""
-    path = os.path.join(c['out_dir'], 'ckpt.pt')
-    exists = os.path.exists(path)
-    if c['init_from'] == 'auto':
-        if master:
-            print("init_from=auto: " + (f"resuming from {path}" if exists else
-                                        f"no checkpoint in {c['out_dir']}, starting from scratch"))
-        return 'resume' if exists else 'scratch'
-    if c['init_from'] == 'scratch' and exists and not c['overwrite']:
-        try:
-            step = f" at iter {load_checkpoint(path, mmap=True)['iter_num']}"
-        except (UserError, KeyError):
-            step = " (unreadable)"
-        raise UserError(f"{c['out_dir']} already holds a checkpoint{step}: --init_from=resume "
-                        "continues it, --overwrite=True starts over (its log and checkpoints are "
-                        "replaced)")
-    return c['init_from']
+    safety.set_rng_state(r.d, ckpt.get('rng', []))
 
 
 # -----------------------------------------------------------------------------
@@ -510,10 +382,7 @@ def resolve_init(c, master):
 
 def setup(c, d, signals):
     """The run: data, model (from scratch, a checkpoint or GPT-2), optimizer, record."""
-    if c['gradient_accumulation_steps'] % d.world:
-        raise UserError(f"gradient_accumulation_steps {c['gradient_accumulation_steps']} is not "
-                        f"divisible by the world size {d.world}: the global batch must be the "
-                        "same at every world size")
+    d.per_process(c['gradient_accumulation_steps'])  # the global batch: the same at any world size
     dev = setup_device(d.device, c['dtype'], c['compile'])
     torch.manual_seed(c['seed'] + d.rank)
     data = prepare.open_or_prepare(c['data_root'], c['dataset'], c['block_size'], d.master,
@@ -536,23 +405,11 @@ def setup(c, d, signals):
     if d.master:  # eval_only writes no config.json or log.jsonl: those are the training run's
         r.record = Record(c['out_dir'], None if c['eval_only'] else config, r.iter_num,
                           init_wandb(c))
-        r.probe = evaluation_probe(c, data, dev.device)
-        tokens = c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
-        print(f"tokens per iteration: {tokens:,} "
+        r.probe = c['probe'] and load_probe(c, data, dev.device)
+        print(f"tokens per iteration: {tokens_per_iter(c):,} "
               f"({c['gradient_accumulation_steps']} x {c['batch_size']} x {c['block_size']}, "
               f"{d.world} process(es)); starting at iter {r.iter_num}")
     return r
-
-
-def init_wandb(c):
-    if not c['wandb_log']:
-        return None
-    try:
-        import wandb
-    except ImportError:
-        raise UserError("wandb_log=True needs wandb: `pip install wandb`, "
-                        "or set --wandb_log=False") from None
-    return wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
 
 
 def train(c):
@@ -563,23 +420,17 @@ def train(c):
     try:
         with safety.Signals(d, c['out_dir']) as signals:
             # after the lock: the checkpoint cannot change under it
-            c = dict(c, init_from=resolve_init(c, d.master))
+            c = dict(c, init_from=safety.resolve_init(c, d.master))
             r = setup(c, d, signals)
             train_loop(r)
         if d.master and not c['eval_only'] and signals.number is None:
             r.record.flush()  # finished without a last checkpoint (always_save_checkpoint=False)
             print(f"finished at iter {r.iter_num} in {format_eta(time.time() - t0)}; sample "
                   f"from it: python sample.py --out_dir={c['out_dir']}")
-        if d.ddp:
-            # Free the DDP wrapper (its reducer holds gloo work) while the group is alive, and let
-            # rank 0 finish writing: either torn down late aborts the process (SIGABRT) at exit.
-            r.step_model = None
-            gc.collect()
-            dist.barrier()
+        r.step_model = None  # the DDP wrapper goes while the process group lives (safety.close)
         return r
     finally:
-        if d.ddp:
-            dist.destroy_process_group()
+        safety.close(d, finished=r is not None and r.step_model is None)
         if lock is not None:
             lock.release(started=r is not None and r.record is not None and r.record.started)
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import prepare
+import record
 import safety
 import train
 import common
@@ -384,11 +385,12 @@ class Clock:
 
 def test_eta_is_logged_and_falls_and_warmup_steps_are_not_timed(data_root, tmp_path, capsys,
                                                                 monkeypatch):
-    monkeypatch.setattr(train, 'time', Clock)
+    monkeypatch.setattr(record, 'time', Clock)  # the step times
+    monkeypatch.setattr(train, 'time', Clock)  # the evaluations' seconds they leave out
     log = [e for e in run(data_root, tmp_path, max_iters=10, eval_interval=5) if 'loss' in e]
-    warm = train.TIMING_WARMUP
+    warm = record.TIMING_WARMUP
     assert [e['dt_ms'] is None for e in log] == [True] * warm + [False] * (10 - warm)
-    etas = [e['eta_s'] for e in log[train.TIMING_WARMUP:]]
+    etas = [e['eta_s'] for e in log[record.TIMING_WARMUP:]]
     assert etas[0] > 0 and etas[-1] == 0 and etas[-1] < etas[len(etas) // 2] < etas[0] * 2
     assert ' eta 0m00s' in capsys.readouterr().out
     resumed = [e for e in run(data_root, tmp_path, init_from='resume', max_iters=14)
