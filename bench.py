@@ -19,8 +19,8 @@ import time
 import torch
 
 import common
-from common import (UserError, device_peak_flops, parse_config, run_main, setup_device,
-                    variant_settings)
+from common import UserError, device_peak_flops, parse_config, run_main, setup_device
+from lab import variants
 from prepare import open_dataset
 from model import GPT, GPTConfig
 
@@ -53,9 +53,9 @@ def variant_config(name, c):
     geometry = {k: c[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size')}
     base = dict(GPTConfig(**geometry).__dict__)
     first, *extras = name.split('+')
-    settings = variant_settings(first, base, base.keys())
+    settings = variants.variant_settings(first, base, base.keys())
     for extra in extras:
-        path = os.path.join(common.CONFIG_DIR, f'{extra}.py')
+        path = os.path.join(variants.CONFIG_DIR, f'{extra}.py')
         if not os.path.isfile(path):
             raise UserError(f"unknown config '{extra}' in '{name}': what follows a '+' is a file "
                             "config/<name>.py stacked onto the variant")

@@ -1,14 +1,12 @@
 """
 What more than one script needs, in one place: one-line user errors, nanoGPT-style
-configuration (`script.py config/x.py --key=value`), the device and precision rule, the
-tokenizers, the prepared dataset on disk, atomic file writes and checkpoint I/O.
-(Making a model, from a config, a checkpoint or GPT-2 weights, is model.py's.)
+configuration (`script.py config/x.py --key=value`), the device and precision rule, atomic file
+writes and checkpoint I/O. (Making a model, from a config, a checkpoint or GPT-2 weights, is
+model.py's; the data format and its tokenizers are prepare.py's.)
 """
 import ast
-import codecs
 import difflib
 import errno
-import functools
 import json
 import os
 import re
@@ -273,33 +271,6 @@ def run_config_file(path, config):
             and not (key in config and value is config[key])}
 
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config')
-
-
-def variants(config):
-    """The model variants, in name order: every config/<name>.py that names a run (out_dir) without
-    choosing data (the CPU bases set dataset, directly or by stacking). A variant is defined by its
-    file alone: bench.py, lab.report and the studies read this list, nothing else names them."""
-    names = []
-    for f in sorted(os.listdir(CONFIG_DIR)):
-        if f.endswith('.py'):
-            made = run_config_file(os.path.join(CONFIG_DIR, f), config)
-            if 'out_dir' in made and 'dataset' not in made:
-                names.append(f[:-3])
-    return names
-
-
-def variant_settings(name, config, keys):
-    """The settings among keys (the model's) that config/<name>.py makes, evaluated against config,
-    so a file written against n_embd fits any geometry."""
-    known = variants(config)
-    if name not in known:
-        raise UserError(f"unknown variant '{name}': choose from {', '.join(known)} "
-                        "(a file config/<name>.py)")
-    made = run_config_file(os.path.join(CONFIG_DIR, f'{name}.py'), config)
-    return {k: v for k, v in made.items() if k in keys}
-
-
 def print_overrides(config, defaults):
     """The settings that differ from the defaults, one a line (config.json holds them all)."""
     changed = {k: v for k, v in config.items() if k not in defaults or v != defaults[k]}
@@ -406,55 +377,6 @@ def autocast(device, dtype):
         return nullcontext()
     kind = 'cuda' if device.startswith('cuda') else 'cpu'
     return torch.autocast(kind, dtype=getattr(torch, dtype))
-
-
-# -----------------------------------------------------------------------------
-# tokenizers: prepare.py encodes with them, sample.py decodes with the same ones
-
-class ByteTokenizer:
-    """Raw UTF-8 bytes plus one end-of-document token: no download, ever."""
-    name, vocab_size, eot = 'byte', 257, 256
-
-    def encode(self, text):
-        return list(text.encode('utf-8'))
-
-    def decode_bytes(self, ids):
-        return bytes(i for i in ids if i < 256)
-
-
-class GPT2Tokenizer:
-    """tiktoken's GPT-2 BPE; documents end with <|endoftext|> (50256) as in nanoGPT."""
-    name, vocab_size, eot = 'gpt2', 50257, 50256
-
-    def __init__(self):
-        import tiktoken
-        try:
-            self.enc = tiktoken.get_encoding('gpt2')
-        except Exception as e:
-            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}); tiktoken "
-                            "downloads it once: connect once, or set TIKTOKEN_CACHE_DIR to a "
-                            "folder with its cached files, or use --tokenizer=byte") from None
-
-    def encode(self, text):
-        return self.enc.encode_ordinary(text)  # special-token text in the corpus stays plain text
-
-    def decode_bytes(self, ids):
-        return self.enc.decode_bytes([i for i in ids if i < self.eot])
-
-
-TOKENIZERS = {'byte': ByteTokenizer, 'gpt2': GPT2Tokenizer}
-
-
-@functools.lru_cache(maxsize=None)
-def get_tokenizer(name):
-    if name not in TOKENIZERS:
-        raise UserError(f"unknown tokenizer '{name}': choose one of {', '.join(TOKENIZERS)}")
-    return TOKENIZERS[name]()
-
-
-def stream_decoder():
-    """Bytes in, text out, holding back an incomplete UTF-8 sequence split across tokens."""
-    return codecs.getincrementaldecoder('utf-8')(errors='replace')
 
 
 # -----------------------------------------------------------------------------

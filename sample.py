@@ -12,9 +12,10 @@ import os
 import sys
 import torch
 
-from common import (DTYPES, Kind, UserError, get_tokenizer, model_errors, model_from_checkpoint,
-                    parse_config, run_main, setup_device, stream_decoder)
+from common import (DTYPES, Kind, UserError, model_errors, model_from_checkpoint, parse_config,
+                    run_main, setup_device)
 from model import GPT
+from prepare import get_tokenizer, stream_decoder
 
 DEFAULTS = dict(
     out_dir='out',  # the run to sample from (out_dir/ckpt.pt)

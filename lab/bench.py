@@ -107,7 +107,7 @@ def bench_prepare(c):
     file, as a corpus on disk is prepared, against the tokenizer alone in one process times
     num_proc: the ideal parallel speed. The corpus is pydocs repeated `repeat` times."""
     import prepare
-    from common import get_tokenizer
+    from prepare import get_tokenizer
     tok = get_tokenizer(c['tokenizer'])
     docs = list(prepare.pydocs_documents()) * c['repeat']
     t0 = time.perf_counter()

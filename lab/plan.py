@@ -10,7 +10,8 @@ import shlex
 from dataclasses import dataclass
 
 import train
-from common import UserError, parse_value, read_json, read_jsonl, variant_settings, write_text
+from common import UserError, parse_value, read_json, read_jsonl, write_text
+from lab.variants import variant_settings
 
 # -----------------------------------------------------------------------------
 # a study file: lowercase names are its declarations, UPPERCASE ones the file's own constants

@@ -22,8 +22,9 @@ import sys
 import torch
 
 from common import (UserError, atomic_write, load_checkpoint, parse_config, read_json, read_jsonl,
-                    run_main, variants, write_text)
+                    run_main, write_text)
 from lab import stats
+from lab.variants import variants
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(

@@ -9,7 +9,8 @@ import torch
 from tools import export
 import prepare
 import train
-from common import get_tokenizer, load_checkpoint
+from common import load_checkpoint
+from prepare import get_tokenizer
 from model import GPT
 
 transformers = pytest.importorskip(

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import prepare
-from common import UserError, get_tokenizer
+from common import UserError
+from prepare import get_tokenizer
 
 DOCS = [f"Document {i}: the quick brown fox, café ünïcode ✓ {'word ' * (i % 7)}<|endoftext|> "
         "stays text." for i in range(40)]
