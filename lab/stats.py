@@ -105,27 +105,43 @@ def tests(gaps, margin):
         p_t, p_tost = 2 * t_dist().sf(abs(mean) / se, df), tost_p(gaps, margin)
     else:  # one seed is no evidence; identical gaps are certainty
         p_t, p_tost = (1.0, 1.0) if df == 0 else (float(mean == 0), float(abs(mean) >= margin))
-    return dict(n=len(gaps), mean=mean, sd=sd, se=se, p_t=p_t, p_perm=sign_flip_p(gaps),
-                p_tost=p_tost)
+    return dict(n=len(gaps), df=df, mean=mean, sd=sd, se=se, p_t=p_t,
+                p_perm=sign_flip_p(gaps), p_tost=p_tost)
+
+
+def welch_tests(arm, ref, margin):
+    """Two unpaired groups of final losses (v5's 4x reading): the gap of their means in % of the
+    reference's mean, its se (the reference mean taken as known) and Welch's t, with the
+    Welch-Satterthwaite degrees of freedom; no sign-flip test (nothing pairs the runs)."""
+    (ma, sa), (mr, sr) = mean_sd(arm), mean_sd(ref)
+    va, vr = sa ** 2 / len(arm), sr ** 2 / len(ref)
+    se, mean = 100 * (va + vr) ** 0.5 / mr, 100 * (ma - mr) / mr
+    df = (va + vr) ** 2 / (va ** 2 / (len(arm) - 1) + vr ** 2 / (len(ref) - 1))
+    t = t_dist()
+    return dict(n=len(arm), n_ref=len(ref), df=df, mean=mean, sd=float('nan'), se=se,
+                p_t=2 * t.sf(abs(mean) / se, df), p_perm=None, unpaired=True,
+                p_tost=max(t.sf((mean + margin) / se, df), t.cdf((mean - margin) / se, df)))
 
 
 def compare(gap_sets, margin=MARGIN, alpha=ALPHA, worse_margin=None, family=None):
     """The decision rule for each comparison's paired gaps (%), Holm-corrected across them: per
     comparison its tests, their Holm adjustments, the interval at its Holm level, the verdict, and
-    the smallest gap its noise detects with 80% power at Holm's strictest level (mde).
+    the smallest gap its noise detects with 80% power at Holm's strictest level (mde). A set of
+    gaps may instead be the tests of an unpaired comparison (welch_tests).
 
     worse_margin: also a one-sided test that the gap is below +worse_margin ("not worse", v5's
     rule), and the smallest margins the data support at the comparison's Holm level (ni_bound for
     "not worse", tost_bound for "matches"). family: the family's declared size when some of its
     comparisons are not in yet: they count as p = 1, so every adjusted p is an upper bound of
     its final value and a verdict reached stands."""
-    out, t = [tests(gaps, margin) for gaps in gap_sets], t_dist()
+    out = [dict(g) if isinstance(g, dict) else tests(g, margin) for g in gap_sets]
+    t = t_dist()
     size = max(family or 0, len(out))
     keys = ('p_t', 'p_tost')
     if worse_margin is not None:
         for r in out:
-            r['p_ni'] = t.cdf((r['mean'] - worse_margin) / r['se'], r['n'] - 1) \
-                if r['n'] > 1 and r['se'] > 0 else float(r['mean'] >= worse_margin)
+            r['p_ni'] = t.cdf((r['mean'] - worse_margin) / r['se'], r['df']) \
+                if r['df'] > 0 and r['se'] > 0 else float(r['mean'] >= worse_margin)
         keys += ('p_ni',)
     for key in keys:
         padded = [r[key] for r in out] + [1.0] * (size - len(out))
@@ -137,12 +153,12 @@ def compare(gap_sets, margin=MARGIN, alpha=ALPHA, worse_margin=None, family=None
     for step, i in enumerate(by_p):  # the level at which Holm tests comparison i
         r = out[i]
         r['level'] = 1 - alpha / (size - step)
-        df = r['n'] - 1
+        df = r['df']
         r['half'] = t.ppf(1 - (1 - r['level']) / 2, df) * r['se'] if df else float('nan')
         r['verdict'] = ('worse' if r['mean'] > 0 else 'better') if r['p_t_holm'] < alpha else \
             'matches' if r['p_tost_holm'] < alpha else \
             'not worse' if r.get('p_ni_holm', 1.0) < alpha else 'could not tell'
-        r['flag'] = (r['p_t'] < alpha) != (r['p_perm'] < alpha)
+        r['flag'] = r['p_perm'] is not None and (r['p_t'] < alpha) != (r['p_perm'] < alpha)
         r['mde'] = resolution(r['se'], df, alpha / size)
         if worse_margin is not None:  # each margin at the level Holm tests its test at
             bound = lambda key: t.ppf(1 - r[key + '_alpha'], df) * r['se'] if df else math.nan

@@ -299,7 +299,8 @@ def decisions_table(ctx, comparisons, family, margin, beside=()):
                         for c in comparisons if len(gaps[c['label']]) < len(c['seeds']))
     if not ready:
         return f"Not yet: paired seeds so far {waiting}.\n"
-    found = stats.compare([list(gaps[c['label']].values()) for c in comparisons], margin,
+    found = stats.compare([unpaired_tests(ctx, c, margin) if c.get('unpaired') else
+                           list(gaps[c['label']].values()) for c in comparisons], margin,
                           worse_margin=margin, family=family)
     rows = [f"| comparison | seeds | paired gap, mean ± sd | interval (level) | t p (Holm) "
             f"| sign-flip p | TOST ±{margin:g}% p (Holm) | not worse +{margin:g}% p (Holm) "
@@ -307,10 +308,12 @@ def decisions_table(ctx, comparisons, family, margin, beside=()):
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c, r in zip(comparisons, found):
         rows.append(decision_row(c.get('name') or pair_name(c), r))
-    for c in beside:
+    for c in [dict(c, unpaired=False) for c in comparisons if c.get('unpaired')] + list(beside):
         alone = stats.compare([list(ctx.gaps(c['arm'], c['ref'], c['seeds']).values())], margin,
                               worse_margin=margin)[0]
-        rows.append(decision_row(f"{pair_name(c)} (outside the family, unadjusted)", alone))
+        rows.append(decision_row(f"{pair_name(c)}, paired (outside the family, unadjusted)"
+                                 if 'unpaired' in c else
+                                 f"{pair_name(c)} (outside the family, unadjusted)", alone))
     pairs = [c for c in comparisons if 'combine' not in c] + list(beside)
     missing = family - len(comparisons)
     note = (f"Holm over the family's {family} comparisons" + (
@@ -323,7 +326,20 @@ def decisions_table(ctx, comparisons, family, margin, beside=()):
     return '\n'.join(means_table(ctx, pairs)) + '\n\n' + '\n'.join(rows) + '\n\n' + note + '\n'
 
 
+def unpaired_tests(ctx, c, margin):
+    """An unpaired comparison's tests (Welch) on the two arms' final losses over its seeds."""
+    losses = [[ctx.loss(ctx.at(arm, s)) for s in c['seeds']] for arm in (c['arm'], c['ref'])]
+    return stats.welch_tests(*losses, margin)
+
+
 def decision_row(name, r):
+    if r.get('unpaired'):  # the gap of the two arms' means, with its standard error
+        return (f"| {name}, unpaired | {r['n']} + {r['n_ref']} | {pct(r['mean'])} (se "
+                f"{r['se']:.2f}%) | [{pct(r['mean'] - r['half'])}, {pct(r['mean'] + r['half'])}] "
+                f"({100 * r['level']:.1f}%) | {fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])}) | – | "
+                f"{fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) | {fmt_p(r['p_ni'])} "
+                f"({fmt_p(r['p_ni_holm'])}) | {pct(r['ni_bound'])}, ±{r['tost_bound']:.2f}% | "
+                f"{r['mde']:.2f}% | **{r['verdict']}** |")
     return (f"| {name} | {r['n']} | {gap_cells(r)} | {fmt_p(r['p_perm'])} | "
             f"{fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) | {fmt_p(r['p_ni'])} "
             f"({fmt_p(r['p_ni_holm'])}) | {pct(r['ni_bound'])}, ±{r['tost_bound']:.2f}% | "

@@ -103,15 +103,23 @@ def test_overwrite_keeps_the_old_record_until_the_new_run_saves(data_root, tmp_p
 # -----------------------------------------------------------------------------
 # the filesystem boundary: one line, exit code 2, the previous checkpoint intact
 
-@pytest.mark.parametrize('where', ['tmpfs', 'injected'])
-def test_a_full_disk_at_the_first_save_is_one_line(data_root, tmp_path, monkeypatch, command_line,
-                                                   where):
-    with tmpfs(tmp_path / 'fs', 96 * 1024) as fs:  # config and log fit, a checkpoint does not
+@contextlib.contextmanager
+def full_disk(tmp_path, monkeypatch, where, size, nth):
+    """An out_dir whose disk is full at the nth checkpoint write: on a tmpfs of size bytes, or
+    with the failure injected at that write."""
+    with tmpfs(tmp_path / 'fs', size) as fs:
         if where == 'tmpfs' and fs is None:
             pytest.skip('mounting a tmpfs needs root: the injected case covers it')
         if where == 'injected':
-            disk_full_at_write(monkeypatch, 1)
-        out = tmp_path / 'fs' / 'run'
+            disk_full_at_write(monkeypatch, nth)
+        yield tmp_path / 'fs' / 'run'
+
+
+@pytest.mark.parametrize('where', ['tmpfs', 'injected'])
+def test_a_full_disk_at_the_first_save_is_one_line(data_root, tmp_path, monkeypatch, command_line,
+                                                   where):
+    # config and log fit, a checkpoint does not
+    with full_disk(tmp_path, monkeypatch, where, 96 * 1024, 1) as out:
         code, err = command_line(train, argv(data_root, out, max_iters=10))
     line = one_line(err)
     assert code == 2 and f"cannot write {out}/ckpt.pt" in line
@@ -127,12 +135,7 @@ def test_a_full_disk_at_a_later_save_keeps_the_previous_checkpoint(data_root, tm
     run(data_root, tmp_path / 'probe', max_iters=10)
     size = (tmp_path / 'probe' / 'ckpt.pt').stat().st_size
     # room for one checkpoint and its record, not for a second one written beside it
-    with tmpfs(tmp_path / 'fs', size * 3 // 2 + 64 * 1024) as fs:
-        if where == 'tmpfs' and fs is None:
-            pytest.skip('mounting a tmpfs needs root: the injected case covers it')
-        if where == 'injected':
-            disk_full_at_write(monkeypatch, 2)
-        out = tmp_path / 'fs' / 'run'
+    with full_disk(tmp_path, monkeypatch, where, size * 3 // 2 + 64 * 1024, 2) as out:
         code, err = command_line(train, argv(data_root, out, max_iters=20))
         assert code == 2 and f"cannot write {out}/ckpt.pt" in one_line(err)
         assert load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] == 10

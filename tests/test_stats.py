@@ -147,3 +147,16 @@ def test_a_family_not_all_in_yet_counts_the_missing_as_p_1():
     assert all(a['p_t_holm'] >= b['p_t_holm'] for a, b in zip(part, whole))  # an upper bound
     assert part[0]['level'] == pytest.approx(1 - 0.05 / 5)
     assert part[0]['mde'] > whole[0]['mde']  # at Holm's strictest level for five, 0.05/5
+
+
+def test_welch_reads_two_unpaired_groups_with_welch_satterthwaite_degrees_of_freedom():
+    from scipy import stats as scipy_stats
+    arm, ref = [1.20, 1.25, 1.22, 1.30, 1.18], [1.10, 1.12, 1.09, 1.15, 1.11, 1.13]
+    r = stats.welch_tests(arm, ref, 0.5)
+    welch = scipy_stats.ttest_ind(arm, ref, equal_var=False)
+    assert r['p_t'] == pytest.approx(welch.pvalue, rel=1e-9)
+    assert r['mean'] == pytest.approx(100 * (np.mean(arm) - np.mean(ref)) / np.mean(ref))
+    assert r['mean'] / r['se'] == pytest.approx(welch.statistic, rel=1e-9)
+    found = stats.compare([r, [0.1, -0.1, 0.05]], 0.5, worse_margin=0.5)
+    assert found[0]['verdict'] == 'worse' and found[0]['p_perm'] is None and not found[0]['flag']
+    assert found[0]['mde'] == pytest.approx(stats.resolution(r['se'], r['df'], 0.05 / 2))

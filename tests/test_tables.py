@@ -203,3 +203,34 @@ def test_the_decisions_table_builds_contrasts_seed_by_seed_and_waits_for_every_s
     rows = [line for line in text.splitlines() if line.startswith('| d: ')]
     assert len(rows) == 1 and '+0.60% ± 0.17%' in rows[0]  # (a + b)/2 = 0.5, 0.8, 0.5
     assert "the 2 not in yet count as p = 1" in text and "0.05/6" in text
+
+
+class Losses(Pairs):
+    """A Context with each (arm, seed)'s final loss: pairs and unpaired groups both read it."""
+
+    def __init__(self, losses):
+        super().__init__({})
+        self.losses = losses
+
+    def at(self, arm, seed):
+        return (arm, seed)
+
+    def loss(self, run):
+        return self.losses.get(run)
+
+    def gaps(self, arm, ref, seeds):
+        return {s: 100 * (self.losses[(arm, s)] - self.losses[(ref, s)]) / self.losses[(ref, s)]
+                for s in seeds if (arm, s) in self.losses and (ref, s) in self.losses}
+
+
+def test_an_unpaired_comparison_is_read_by_welch_with_the_paired_reading_beside_it():
+    arm = {1: 1.20, 2: 1.25, 3: 1.22, 4: 1.30}
+    ref = {1: 1.10, 2: 1.12, 3: 1.09, 4: 1.15}
+    ctx = Losses({**{('x', s): v for s, v in arm.items()}, **{('y', s): v for s, v in ref.items()}})
+    c = dict(label='f', arm='x', ref='y', seeds=(1, 2, 3, 4), unpaired=True)
+    rows = tables.decisions_table(ctx, [c], family=1, margin=0.5).splitlines()
+    welch = next(line for line in rows if line.startswith('| f x − y, unpaired |'))
+    gap = 100 * (sum(arm.values()) - sum(ref.values())) / sum(ref.values())
+    assert welch.split(' | ')[1] == '4 + 4' and f"{gap:+.2f}% (se " in welch
+    assert any(line.startswith('| f x − y, paired (outside the family, unadjusted) |')
+               for line in rows)
