@@ -226,7 +226,8 @@ class Losses(Pairs):
 def test_an_unpaired_comparison_is_read_by_welch_with_the_paired_reading_beside_it():
     arm = {1: 1.20, 2: 1.25, 3: 1.22, 4: 1.30}
     ref = {1: 1.10, 2: 1.12, 3: 1.09, 4: 1.15}
-    ctx = Losses({**{('x', s): v for s, v in arm.items()}, **{('y', s): v for s, v in ref.items()}})
+    ctx = Losses({**{('x', s): v for s, v in arm.items()},
+                  **{('y', s): v for s, v in ref.items()}})
     c = dict(label='f', arm='x', ref='y', seeds=(1, 2, 3, 4), unpaired=True)
     rows = tables.decisions_table(ctx, [c], family=1, margin=0.5).splitlines()
     welch = next(line for line in rows if line.startswith('| f x − y, unpaired |'))
