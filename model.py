@@ -68,12 +68,12 @@ class GPTConfig:
         self.mlp_hidden = 4 * self.n_embd if self.mlp_hidden is None else self.mlp_hidden
         self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
         self.query_rank = self.n_embd // 2 if self.query_rank is None else self.query_rank
-        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden',
-                     'n_kv_head', 'query_rank', 'query_mix', 'init_std',
-                     *['attn_scale'] * (self.attn_scale is not None)):
+        positive = ['block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden',
+                    'n_kv_head', 'query_rank', 'query_mix', 'init_std']
+        for name in positive + (['attn_scale'] if self.attn_scale is not None else []):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        identities = [f"query='{self.query}'"] * (self.query != 'linear') + [
+        identities = ([f"query='{self.query}'"] if self.query != 'linear' else []) + [
             n for n in ('key_identity', 'value_identity') if getattr(self, n)]
         rope_ok = self.pos != 'rope' or (self.head_dim % 2 == 0 and self.rope_base > 0)
         for ok, problem in (
@@ -91,8 +91,8 @@ class GPTConfig:
                 (self.activation in ACTIVATIONS, f"activation must be one of "
                  f"{', '.join(ACTIVATIONS)}, got {self.activation!r}"),
                 (0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}"),
-                (self.pos in ('learned', 'rope'), f"pos must be 'learned' or 'rope', got "
-                 f"{self.pos!r}"),
+                (self.pos in ('learned', 'rope'),
+                 f"pos must be 'learned' or 'rope', got {self.pos!r}"),
                 (rope_ok, f"pos='rope' needs an even head size and rope_base > 0, got head size "
                  f"{self.head_dim} and rope_base {self.rope_base}")):
             if not ok:
@@ -100,8 +100,7 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, args):
-        """A config from saved model_args (old ones read by upgrade_query); keys it does not know
-        (nanoGPT's extras) are ignored."""
+        """A config from saved model_args (read by upgrade_query), ignoring keys nanoGPT adds."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in upgrade_query(args).items() if k in known})
 
@@ -132,8 +131,7 @@ def upgrade_query(args):
 
 
 class KVCache:
-    """K and V of every layer (queries are never cached), one tensor per layer written in place:
-    a single 5-D cache makes torch.compile copy all of it on every token."""
+    """K and V of every layer, one tensor each, written in place (a 5-D one compile would copy)."""
 
     def __init__(self, config, batch_size, device=None, dtype=torch.float32):
         shape = (batch_size, config.n_kv_head, config.block_size, config.head_dim)
@@ -141,13 +139,12 @@ class KVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.pos = 0  # number of positions filled
 
-    def nbytes(self):
+    def nbytes(self):  # the cache's memory
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
 class QueryMLP(nn.Module):
-    """The follow-up's nonlinear query map f(x) = LN(GELU(RMSNorm(x) W1) W2): with r = d/2 it
-    has W_Q's d^2 weights (plus two norms)."""
+    """The follow-up's nonlinear query f(x) = LN(GELU(RMSNorm(x) W1) W2): W_Q's d^2 at r = d/2."""
 
     def __init__(self, config):
         super().__init__()
@@ -167,9 +164,8 @@ def causal_mask(T, S, device=None):
 
 
 def rope_tables(positions, head_dim, base):
-    """(cos, sin), each (T, head_dim), of rotary embeddings at positions: dimension pair (i, i +
-    head_dim/2) turns by position * base^(-2i/head_dim). Made each forward (no table to outgrow),
-    in float64: a float32 angle at position 10^4 is off by ~10^-3 rad."""
+    """(cos, sin), each (T, head_dim), of rotary embeddings at positions: pair (i, i + hd/2) turns
+    by position * base^(-2i/hd). In float64: a float32 angle at 10^4 is off by ~10^-3 rad."""
     freqs = base ** (-torch.arange(0, head_dim, 2, device=positions.device).double() / head_dim)
     angles = positions.double()[:, None] * freqs[None, :]
     angles = torch.cat([angles, angles], dim=-1)
@@ -194,7 +190,9 @@ class CausalSelfAttention(nn.Module):
         self.query, self.query_mix = config.query, config.query_mix
         kv_dim = config.n_kv_head * hd
         # The fused input projection makes only the linear parts, in q, k, v order: a W_Q for
-        # the linear and residual queries, none for identity and nonlinear.
+        # the linear and residual queries, none for identity and nonlinear; no W_K or W_V where
+        # that one is the identity.
+        self.key_identity, self.value_identity = config.key_identity, config.value_identity
         self.q_dim = C if config.query in ('linear', 'residual', 'residual_gelu') else 0
         self.k_dim = 0 if config.key_identity else kv_dim
         self.v_dim = 0 if config.value_identity else kv_dim
@@ -221,7 +219,9 @@ class CausalSelfAttention(nn.Module):
             return x + xq
         if self.query == 'residual_gelu':
             return x + F.gelu(xq)
-        return self.query_mix * (x + self.q_mlp(x))
+        if self.query == 'nonlinear':
+            return self.query_mix * (x + self.q_mlp(x))
+        raise ValueError(f"query must be one of {', '.join(QUERY_MODES)}, got {self.query!r}")
 
     def qkv(self, x, rope=None):
         """Heads of q (B, nh, T, hd), k and v (B, nkv, T, hd); an identity one is x itself. Then
@@ -229,7 +229,7 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([self.q_dim, self.k_dim, self.v_dim], dim=2)
         q = self.make_query(x, q)
-        k, v = (x if self.k_dim == 0 else k), (x if self.v_dim == 0 else v)
+        k, v = (x if self.key_identity else k), (x if self.value_identity else v)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -242,11 +242,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x, rope)  # under RoPE the cache holds k rotated at its own position
         mask, causal = None, True
         if cache is not None:
-            p = cache.pos
-            cache.k[layer][:, :, p:p + T], cache.v[layer][:, :, p:p + T] = k, v
-            k, v = cache.k[layer][:, :, :p + T], cache.v[layer][:, :, :p + T]
-            if p > 0:  # queries sit at positions p..p+T-1 and see every key up to themselves
-                causal, mask = False, causal_mask(T, p + T, x.device) if T > 1 else None
+            k, v, mask, causal = self.cached(cache, layer, k, v)
         scale = self.scale
         if self.log_scale is not None:  # per head, on q; SDPA's own scale is then 1
             q, scale = q * self.log_scale.exp().view(1, -1, 1, 1).to(q.dtype), 1.0
@@ -255,6 +251,17 @@ class CausalSelfAttention(nn.Module):
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    @staticmethod
+    def cached(cache, layer, k, v):
+        """k, v written into the KV cache at its position p: (every key and value so far, the mask,
+        whether SDPA's causal mask fits). Queries at p..p+T-1 see every key up to themselves."""
+        p, T = cache.pos, k.size(2)
+        cache.k[layer][:, :, p:p + T], cache.v[layer][:, :, p:p + T] = k, v
+        if p == 0:  # the first chunk: SDPA's own causal mask (a branch, not a traced bool)
+            return cache.k[layer][:, :, :T], cache.v[layer][:, :, :T], None, True
+        mask = causal_mask(T, p + T, k.device) if T > 1 else None
+        return cache.k[layer][:, :, :p + T], cache.v[layer][:, :, :p + T], mask, False
 
 
 class MLP(nn.Module):
@@ -296,14 +303,14 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         n_blocks = 1 if config.share_layers else config.n_layer
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            **({'wpe': nn.Embedding(config.block_size, config.n_embd)} if config.pos == 'learned'
-               else {}),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(n_blocks)]),
-            ln_f=make_norm(config),
-        ))
+        # in this order, which sets the order of the init's draws
+        layers = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if config.pos == 'learned':  # RoPE has no position table
+            layers['wpe'] = nn.Embedding(config.block_size, config.n_embd)
+        layers.update(drop=nn.Dropout(config.dropout),
+                      h=nn.ModuleList([Block(config) for _ in range(n_blocks)]),
+                      ln_f=make_norm(config))
+        self.transformer = nn.ModuleDict(layers)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
@@ -358,8 +365,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW; decay on every tensor with 2+ dims (matmuls, embeddings), none on norms and
-        biases."""
+        """AdamW: decay on every tensor of 2+ dims (matmuls, embeddings), none on norms, biases."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
                   {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
@@ -368,17 +374,15 @@ class GPT(nn.Module):
                                  fused=True if device_type == 'cuda' else None)
 
     def flops_per_token(self, T=None):
-        """Training FLOPs per token (forward + backward, PaLM appendix B): 6 per matmul weight
-        as applied (a shared block counts n_layer times) plus the attention scores and sums.
-        A reduced model has fewer matmul weights and so fewer FLOPs."""
+        """Training FLOPs per token (forward + backward, PaLM appendix B): 6 per matmul weight as
+        applied (a shared block n_layer times) plus the attention scores and sums."""
         cfg, T = self.config, T or self.config.block_size
         per_layer = sum(p.numel() for p in self.blocks()[0].parameters() if p.dim() == 2)
         matmul = cfg.n_layer * per_layer + self.lm_head.weight.numel()
         return 6 * matmul + 12 * cfg.n_layer * cfg.n_embd * T
 
     def estimate_mfu(self, tokens_per_iter, dt, peak_flops, T=None):
-        """Model FLOPs utilization against a device's peak FLOP/s (common.device_peak_flops);
-        None when the peak is unknown (CPU): never a made-up number."""
+        """Model FLOPs utilization against a device's peak FLOP/s; None where that is unknown."""
         if peak_flops is None or dt <= 0:
             return None
         return self.flops_per_token(T) * tokens_per_iter / dt / peak_flops
@@ -386,11 +390,10 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                         use_cache=True, generator=None, eos_token=None):
-        """Yield the next tokens (B, 1) one step at a time; temperature 0 is greedy. With
-        eos_token it stops once every row has produced it. The cache prefills the prompt once,
-        then feeds one token a step. Past block_size both paths slide a window of the last
-        block_size tokens (the cache is rebuilt from it each step): learned positions end there,
-        and under RoPE the window restarting at 0 changes no logit."""
+        """Yield the next tokens (B, 1) one step at a time; temperature 0 is greedy; with eos_token
+        it stops once every row has made it. The cache prefills the prompt, then takes a token a
+        step. Past block_size both paths slide a window of the last block_size tokens (the cache
+        rebuilt from it each step): learned positions end there; under RoPE no logit changes."""
         block, cache = self.config.block_size, None
         done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
@@ -411,8 +414,8 @@ class GPT(nn.Module):
 
     def cache_dtype(self, device):  # the autocast dtype when one is active, else the weights'
         kind = torch.device(device).type
-        on = torch.is_autocast_enabled(kind)
-        return torch.get_autocast_dtype(kind) if on else self.lm_head.weight.dtype
+        return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else \
+            self.lm_head.weight.dtype
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
@@ -424,8 +427,7 @@ class GPT(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, ckpt, verbose=True):
-        """The model of a checkpoint dict (common.load_checkpoint): kvgpt's, or nanoGPT's, whose
-        model_args lack kvgpt's fields (their defaults describe nanoGPT's model)."""
+        """The model of a checkpoint dict: kvgpt's, or nanoGPT's (kvgpt's defaults describe it)."""
         state = {k.removeprefix('module.').removeprefix('_orig_mod.'): v
                  for k, v in ckpt['model'].items()}
         try:
@@ -438,8 +440,7 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path, dropout=0.0):
-        """OpenAI GPT-2 weights as a baseline model: a hub name (gpt2..gpt2-xl) or a local folder
-        saved by transformers."""
+        """OpenAI GPT-2 weights: a hub name (gpt2..gpt2-xl) or a folder saved by transformers."""
         hf = load_hf_gpt2(name_or_path)
         h = hf.config  # its Conv1D weights are stored transposed; GPT-2's MLP uses tanh GELU
         act = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu',
