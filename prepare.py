@@ -201,10 +201,10 @@ class Dataset:
         self.check_ids(split, windows)
         xy = torch.from_numpy(windows.astype(np.int64))
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
-        if str(device).startswith('cuda'):
+        if str(device).startswith('cuda'):  # pinned, so the copy may overlap the GPU's work
             return (x.pin_memory().to(device, non_blocking=True),
                     y.pin_memory().to(device, non_blocking=True))
-        return x, y
+        return x.to(device), y.to(device)  # any other device (mps), synchronously
 
 
 def open_dataset(data_root, name, block_size):

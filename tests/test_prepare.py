@@ -205,3 +205,18 @@ def test_hub_dataset_with_a_loading_script_says_what_to_do(tmp_path, monkeypatch
     with pytest.raises(UserError,
                        match=r"'Skylion007/openwebtext' is loaded by a dataset script.*--hub_id"):
         run(tmp_path)
+
+
+def test_batches_go_to_whatever_device_is_chosen(data_root):
+    data = prepare.open_dataset(data_root, 'tiny', 32)
+    x, y = data.batch('train', data.starts('train', 2, 1), 'meta')  # a device with no CUDA
+    assert x.device.type == y.device.type == 'meta' and x.shape == (2, 32)
+
+
+def test_the_core_imports_where_fcntl_does_not_exist():
+    """Windows has no fcntl: the out_dir lock is filelock's, so nothing in the core needs it."""
+    code = ("import sys; sys.modules['fcntl'] = None; "
+            "import train, sample, prepare, safety, record, common, model")
+    r = subprocess.run([sys.executable, '-W', 'ignore', '-c', code], cwd=HERE,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
