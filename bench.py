@@ -82,12 +82,11 @@ def cpu_matmul_flops(dtype=torch.float32, n=2048, reps=5):
 
 
 def batches(c, device):
-    g = torch.Generator().manual_seed(c['seed'])
-    shape = (c['batch_size'], c['block_size'] + 1)
     if c['dataset']:
         data = open_dataset(c['data_root'], c['dataset'], c['block_size'])
         return data.batch('train', data.starts('train', c['batch_size'], c['seed']), device)
-    xy = torch.randint(c['vocab_size'], shape, generator=g)
+    g = torch.Generator().manual_seed(c['seed'])
+    xy = torch.randint(c['vocab_size'], (c['batch_size'], c['block_size'] + 1), generator=g)
     return xy[:, :-1].contiguous().to(device), xy[:, 1:].contiguous().to(device)
 
 
