@@ -186,39 +186,25 @@ def parse_config(defaults, argv=None, show=False, described_in=(), types=None):
 
 
 def key_comments(path):
-    """[(key, group, description)] in source order, from the file at path: each keyword of its
-    `DEFAULTS = dict(...)` and each field of a dataclass, described by the comment on its line. A
-    comment alone on a line inside the dict names the group of the keys after it (the text up to
-    a colon); an indented comment continues the one above and is left out (help is one line)."""
-    import tokenize
-    with open(path) as f:
-        source = f.read()
-    comments = {}
-    for tok in tokenize.generate_tokens(iter(source.splitlines(keepends=True)).__next__):
-        if tok.type == tokenize.COMMENT:
-            alone = tok.line.strip().startswith('#')
-            comments[tok.start[0]] = (alone, tok.string[1:].strip(), tok.string)
-    entries = []
-    for node in ast.walk(ast.parse(source)):
-        names = [getattr(t, 'id', None) for t in getattr(node, 'targets', [])]
-        if isinstance(node, ast.Assign) and names == ['DEFAULTS']:
-            keys = [(kw.arg, kw.lineno) for kw in node.value.keywords]
-        elif isinstance(node, ast.ClassDef) and \
-                any(getattr(d, 'id', None) == 'dataclass' for d in node.decorator_list):
-            keys = [(n.target.id, n.lineno) for n in node.body if isinstance(n, ast.AnnAssign)]
-        else:
-            continue
-        dataclass_fields = isinstance(node, ast.ClassDef)
-        headers = {line: text for line, (alone, text, raw) in comments.items()
-                   if alone and node.lineno < line < node.end_lineno and not raw[2:3].isspace()}
-        for i, (key, line) in enumerate(keys):
-            earlier = [h for h in headers if h < line]
-            group = headers[max(earlier)].split(':')[0] if earlier else \
-                'model' if dataclass_fields else None
-            alone, text, _ = comments.get(line, (True, '', ''))
-            # several keys on one line have no comment of their own
-            shared = sum(1 for _, other in keys if other == line) > 1
-            entries.append((key, group, '' if alone or shared else text))
+    """[(key, group, description)] in source order, from the file at path: each `key=value,  #
+    text` line of its `DEFAULTS = dict(...)` and each `name: type = value  # text` field of a
+    dataclass. A comment alone on a line among them names the group of the keys below it (its
+    text up to a colon; a dataclass's fields start as 'model'); an indented comment continues the
+    one above and is left out (help is one line)."""
+    entries, group, block, previous = [], None, None, ''
+    for line in open(path, encoding='utf-8'):
+        if line.startswith('DEFAULTS = dict('):
+            block, group = re.compile(r'    (\w+)='), None
+        elif line.startswith('class ') and previous.startswith('@dataclass'):
+            block, group = re.compile(r'    (\w+): '), 'model'
+        elif block and (not line.startswith('    ') or line.startswith('    def ')):
+            block = None  # the dict's closing line, or the class's first method
+        elif block and re.match(r'    # \S', line):
+            group = line.strip()[2:].split(':')[0]
+        elif block and block.match(line):
+            code, _, text = line.partition('  # ')
+            entries.append((block.match(line).group(1), group, text.strip()))
+        previous = line
     return entries
 
 
