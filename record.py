@@ -12,8 +12,9 @@ from common import UserError, read_jsonl, write_json, write_text
 
 
 class Record:
-    """The run's record: config.json and log.jsonl (and W&B). The record always describes the
-    checkpoint on disk. A new run writes both with its first entry. A run that starts where a
+    """The run's record: config.json and log.jsonl (and W&B), which a resume from the checkpoint
+    on disk finds consistent: lines past the checkpoint are cut back then. A new run writes both
+    with its first entry. A run that starts where a
     record already is (a resume, or --overwrite=True) holds its entries until it has saved its
     first checkpoint: only then does it write config.json and the log, cut back to where it
     started (the lines it writes again), so a resume that fails before then leaves both files
@@ -48,7 +49,7 @@ class Record:
         write_text(self.path, ''.join(json.dumps(e) + '\n' for e in keep + entries))
         self.started = True
 
-    def flush(self):
+    def commit(self):
         """A checkpoint was saved (or the run finished): the held entries join the record, which
         is written now if it was not yet (a checkpoint without a config.json beside it is not)."""
         if self.config is not None and (self.held is not None or not self.started):

@@ -95,7 +95,7 @@ def settings(argv=None):
         with model_errors('config'):
             c['query'] = upgrade_query({'query': c['query'], 'query_identity': True})['query']
     for key in ('batch_size', 'block_size', 'max_iters', 'eval_interval', 'eval_iters',
-                'log_interval'):
+                'log_interval', 'gradient_accumulation_steps'):
         if c[key] < (0 if key == 'max_iters' else 1):
             raise UserError(f"{key} must be positive, got {c[key]}")
     if not all(isinstance(k, int) and k > 0 for k in c['keep_checkpoints']):
@@ -203,7 +203,7 @@ def train_loop(r):
         if r.iter_num % c['eval_interval'] == 0 or last:
             check_finite(r, nonfinite)
             try:
-                timer.pause(evaluate(r, moved=r.iter_num > start_iter))
+                timer.pause(evaluate(r, trained=r.iter_num > start_iter))
             except safety.Interrupted:  # the state is the last step's, whole: save it and stop
                 return stop(r, nonfinite)
         if last:
@@ -261,12 +261,12 @@ def stop(r, nonfinite):
               "(or auto)", flush=True)
 
 
-def log_step(r, mean_loss, grad_norm, lr, dt):
+def log_step(r, step_loss, grad_norm, lr, dt):
     c, tokens = r.c, tokens_per_iter(r.c)
-    if r.d.ddp:  # the step's global-batch mean, as after a resume
-        dist.all_reduce(mean_loss)
-        mean_loss /= r.d.world
-    loss, grad_norm = mean_loss.item(), float(grad_norm)
+    if r.d.ddp:  # the mean over the global batch, the same number at any world size
+        dist.all_reduce(step_loss)
+        step_loss /= r.d.world
+    loss, grad_norm = step_loss.item(), float(grad_norm)
     peak = device_peak_flops(r.d.device)
     mfu = dt and r.model.estimate_mfu(tokens // r.d.world, dt, peak, c['block_size'])
     eta = dt and dt * (c['max_iters'] - r.iter_num)
@@ -283,7 +283,7 @@ def log_step(r, mean_loss, grad_norm, lr, dt):
 # -----------------------------------------------------------------------------
 # evaluation
 
-def evaluate(r, moved):
+def evaluate(r, trained):
     """The losses on both splits (and at the end the full val loss, the number verdicts use),
     the probes, the log line, then a checkpoint; the seconds it took."""
     c, t0, n = r.c, time.time(), r.c['batch_size']
@@ -312,7 +312,8 @@ def evaluate(r, moved):
                         f"{c['out_dir']} are untouched")
     improved = losses['val'] < r.best_val_loss
     r.best_val_loss = min(r.best_val_loss, losses['val'])
-    if moved and not c['eval_only'] and (improved or c['always_save_checkpoint']):
+    # a checkpoint only of steps this process trained: a resume's first evaluation saves nothing
+    if trained and not c['eval_only'] and (improved or c['always_save_checkpoint']):
         save(r, 'eval')
     return time.time() - t0
 
@@ -362,7 +363,7 @@ def save(r, reason, name='ckpt.pt'):
     if r.d.master:
         print(f"saved {path} at iter {r.iter_num} ({reason})")
         if name == 'ckpt.pt':
-            r.record.flush()
+            r.record.commit()
 
 
 def restore(r, ckpt):
@@ -424,7 +425,7 @@ def train(c):
             r = setup(c, d, signals)
             train_loop(r)
         if d.master and not c['eval_only'] and signals.number is None:
-            r.record.flush()  # finished without a last checkpoint (always_save_checkpoint=False)
+            r.record.commit()  # finished without a last checkpoint (always_save_checkpoint=False)
             print(f"finished at iter {r.iter_num} in {format_eta(time.time() - t0)}; sample "
                   f"from it: python sample.py --out_dir={c['out_dir']}")
         r.step_model = None  # the DDP wrapper goes while the process group lives (safety.close)

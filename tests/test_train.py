@@ -196,6 +196,7 @@ def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path,
 @pytest.mark.parametrize('kw,message', [
     (dict(learning_rat=1e-3), "unknown config key 'learning_rat' (did you mean 'learning_rate'?)"),
     (dict(batch_size='big'), 'batch_size must be int'),
+    (dict(gradient_accumulation_steps=0), 'gradient_accumulation_steps must be positive, got 0'),
     (dict(dataset='nope'), 'no prepared dataset at'),
     (dict(vocab_size=128), "vocab_size 128 is smaller than the dataset's 257"),
     (dict(query='identity', key_identity=True), 'at most one of'),
