@@ -4,9 +4,9 @@ at each weight decay (docs/experiments.md)?
 A 2x2 of W_Q (learned, = I) by weight decay (0.1, 2^-5) at scale 1/8, on v4's annealed schedule
 (warmup 2% of the run, a cosine to min_lr at its last step). v4's annealed baseline (W_Q, 1/8,
 lambda 0.1) on seeds 301-310 is the reference, reused by name; the three new arms are each tuned on
-selection seeds 201-203 and tested on 301-310. The 4x arms join by a dated amendment once the 1x
-test has named the weight decay they run at (the rule is the docs'). The design is the docs';
-change it there first.
+selection seeds 201-203 and tested on 301-310. The 4x arms joined by a dated amendment once the 1x
+test had named the weight decay they run at (lambda 0.1, by the docs' rule): W_Q = I at 4x against
+v4's 4x baseline, read unpaired. The design is the docs'; change it there first.
 """
 name = 'v5'
 docs = 'docs/experiments.md'
@@ -32,6 +32,11 @@ arms = {
     # v4's 4x baseline, on its grid, with the selection seed 203 it lacked
     'baseline_anneal4x': dict(variant='baseline', weight_decay=0.1, settings=ANNEAL_4X,
                               grid=(2e-3, 2.83e-3, 4e-3)),
+    # the 4x arms (amended 2026-12-02 once the 1x test named lambda* = 0.1): around their 1x
+    # selections, on the three selection seeds
+    'identity_anneal4x_wd0.1': dict(variant='reduced', weight_decay=0.1,
+                                  settings=dict(ANNEAL_4X, **FULL),
+                                  grid=dict(around='identity_anneal_wd0.1')),
 }
 tuning = dict(seeds=(201, 202, 203), step=2 ** 0.5, extend=3, anchor=2e-3)
 TEST = tuple(range(301, 311))  # v4's test seeds: its annealed baseline there is the reference
@@ -41,7 +46,8 @@ phases = [
     dict(name='check', kind='at', arms=('baseline_anneal',), seeds=TEST[:1], tag='rerun'),
     dict(name='tuning', kind='tune', arms=NEW),
     dict(name='test', kind='at', arms=('baseline_anneal', *NEW), seeds=TEST),
-    dict(name='tuning 4x', kind='tune', arms=('baseline_anneal4x',)),
+    dict(name='tuning 4x', kind='tune', arms=('baseline_anneal4x', 'identity_anneal4x_wd0.1')),
+    dict(name='test 4x', kind='at', arms=('baseline_anneal4x', 'identity_anneal4x_wd0.1'), seeds=TEST),
 ]
 
 # the write-up: docs/experiments.md's generated blocks
@@ -52,13 +58,19 @@ DECISIONS = [dict(c, seeds=TEST) for c in (  # the design's family, the 1x part 
     dict(label='c', arm=I2, ref=B1),  # the recipe at scale 1/8
     dict(label='d', combine=dict(a=0.5, b=0.5), name='d: the main effect of W_Q = I, (a + b)/2'),
     dict(label='e', combine=dict(b=1, a=-1), name='e: the interaction, b − a'))]
-FAMILY = 8  # a-e at 1x, f-h at 4x (the design)
+FAMILY = 7  # a-e at 1x, then f and h at 4x (the design)
+I4 = 'identity_anneal4x_wd0.1'
+FOURX = [dict(c, seeds=TEST) for c in (  # read unpaired (Welch): the amendment
+    dict(label='f', arm=I4, ref='baseline_anneal4x', unpaired=True),  # W_Q = I alone at 4x
+    dict(label='h', combine=dict(f=1, a=-1),
+         name='h: W_Q = I alone, 4x gap − 1x gap, per seed'))]
 LAMBDA = dict(label='λ', arm=B2, ref=B1, seeds=TEST)  # the baseline's weight decay alone
 tables = dict(
     v5_check=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun'),
     v5_tuning=dict(kind='tuning', arms=NEW),
-    v5_tuning_4x=dict(kind='tuning', arms=('baseline_anneal4x',)),
+    v5_tuning_4x=dict(kind='tuning', arms=('baseline_anneal4x', 'identity_anneal4x_wd0.1')),
     v5_verdict=dict(kind='decisions', comparisons=DECISIONS, family=FAMILY, margin=0.5,
                     beside=[LAMBDA]),
+    v5_family=dict(kind='decisions', comparisons=DECISIONS + FOURX, family=FAMILY, margin=0.5),
 )
 figures = {}
