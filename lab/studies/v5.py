@@ -41,13 +41,14 @@ arms = {
 tuning = dict(seeds=(201, 202, 203), step=2 ** 0.5, extend=3, anchor=2e-3)
 TEST = tuple(range(301, 311))  # v4's test seeds: its annealed baseline there is the reference
 NEW = ('baseline_anneal_wd0.03125', 'identity_anneal_wd0.1', 'identity_anneal_wd0.03125')
+ARMS_4X = ('baseline_anneal4x', 'identity_anneal4x_wd0.1')  # lambda* = 0.1 (the amendment)
 # in this order, so that a partial result is still an answer
 phases = [
     dict(name='check', kind='at', arms=('baseline_anneal',), seeds=TEST[:1], tag='rerun'),
     dict(name='tuning', kind='tune', arms=NEW),
     dict(name='test', kind='at', arms=('baseline_anneal', *NEW), seeds=TEST),
-    dict(name='tuning 4x', kind='tune', arms=('baseline_anneal4x', 'identity_anneal4x_wd0.1')),
-    dict(name='test 4x', kind='at', arms=('baseline_anneal4x', 'identity_anneal4x_wd0.1'), seeds=TEST),
+    dict(name='tuning 4x', kind='tune', arms=ARMS_4X),
+    dict(name='test 4x', kind='at', arms=ARMS_4X, seeds=TEST),
 ]
 
 # the write-up: docs/experiments.md's generated blocks
@@ -68,7 +69,7 @@ LAMBDA = dict(label='λ', arm=B2, ref=B1, seeds=TEST)  # the baseline's weight d
 tables = dict(
     v5_check=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun'),
     v5_tuning=dict(kind='tuning', arms=NEW),
-    v5_tuning_4x=dict(kind='tuning', arms=('baseline_anneal4x', 'identity_anneal4x_wd0.1')),
+    v5_tuning_4x=dict(kind='tuning', arms=ARMS_4X),
     v5_verdict=dict(kind='decisions', comparisons=DECISIONS, family=FAMILY, margin=0.5,
                     beside=[LAMBDA]),
     v5_family=dict(kind='decisions', comparisons=DECISIONS + FOURX, family=FAMILY, margin=0.5),
