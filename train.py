@@ -114,11 +114,13 @@ def tokens_per_iter(c):
     return c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
 
 
-def get_batch(data, c, step, micro, device):
-    """Micro-batch `micro` of step `step`'s global batch, whose windows are drawn from (data_seed,
-    step) alone: every variant, restart and world size reads the same tokens at the same step."""
+def step_starts(data, c, step):  # every variant, restart and world size: the same windows
+    return data.starts('train', tokens_per_iter(c) // c['block_size'], c['data_seed'], step)
+
+
+def get_batch(data, c, starts, micro, device):
+    """Micro-batch `micro` of a step's global batch (its windows drawn once by step_starts)."""
     n = c['batch_size']
-    starts = data.starts('train', c['gradient_accumulation_steps'] * n, c['data_seed'], step)
     return data.batch('train', starts[micro * n:(micro + 1) * n], device)
 
 
@@ -213,8 +215,9 @@ def train_loop(r):
             group['lr'] = lr
         # forward and backward over this process's share of the step's global batch
         loss_sum.zero_()
+        starts = step_starts(r.data, c, r.iter_num)  # once a step, each micro-batch a slice
         for micro in range(accum):
-            x, y = get_batch(r.data, c, r.iter_num, d.rank * accum + micro, d.device)
+            x, y = get_batch(r.data, c, starts, d.rank * accum + micro, d.device)
             # DDP averages over ranks; dividing by the local accumulation makes the global mean
             with r.step_model.no_sync() if d.ddp and micro < accum - 1 else nullcontext():
                 with r.dev.ctx:
