@@ -82,6 +82,10 @@ def stream_decoder():
 DEFAULTS = dict(
     dataset='openwebtext',  # 'openwebtext', 'pydocs', 'pysource' (embedded), a hub id, local files
     hub_id='Skylion007/openwebtext',  # where --dataset=openwebtext loads from
+    hub_config=None,  # the hub dataset's config (subset) name, e.g. FineWeb's 'sample-10BT'
+    streaming=False,  # tokenize while reading, with no raw copy on disk (needs val_documents)
+    val_documents=None,  # the first this many documents are val, in order (llm.c's FineWeb
+    # shard 0); None: a random val_size share (nanoGPT's split)
     text_column='text',  # the column (or JSON field) that holds each document's text
     tokenizer=None,  # 'gpt2' or 'byte'; None: byte for the embedded corpora (offline), else gpt2
     val_size=None,  # fraction held out; None: 0.0005 for openwebtext, 0.1 for one text, else 0.05
@@ -95,6 +99,7 @@ DEFAULTS = dict(
 )
 # the type of each key whose default does not say it (--help shows them)
 TYPES = dict(tokenizer=Kind(str, tuple(TOKENIZERS)), val_size=Kind(float), out_name=Kind(str),
+             hub_config=Kind(str), val_documents=Kind(int),
              dtype=Kind(str, ('auto', 'uint8', 'uint16', 'uint32')))
 LOCAL_BUILDERS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}
 
@@ -152,8 +157,12 @@ def key_generator(key):
 class Dataset:
     """A prepared dataset, checked before anything reads it, that gives (x, y) token windows."""
 
-    def __init__(self, data_dir, meta, block_size):
+    def __init__(self, data_dir, meta, block_size, parts=None):
         self.dir, self.meta, self.block_size = data_dir, meta, block_size
+        # each split is a list of (file, byte offset of its tokens, token count): one bin, or the
+        # llm.c shards of open_shards, read as one sequence
+        self.parts = parts or {split: [(os.path.join(data_dir, f'{split}.bin'), 0,
+                                        meta[f'{split}_tokens'])] for split in SPLITS}
 
     def tokens(self, split):
         return self.meta[f'{split}_tokens']
@@ -176,11 +185,18 @@ class Dataset:
             batches.append((np.array([len(starts) * block]), targets % block))
         return batches
 
-    def array(self, split):
-        """The split's tokens, read-only. A fresh memmap each call: nanoGPT's fix for the memory
-        growth of a long-lived one."""
-        path = os.path.join(self.dir, f'{split}.bin')
-        return np.memmap(path, dtype=self.meta['dtype'], mode='r')
+    def read(self, split, start, stop):
+        """Tokens [start, stop) of the split, across its files. A fresh memmap each call:
+        nanoGPT's fix for the memory growth of a long-lived one."""
+        pieces, offset = [], 0
+        for path, byte_offset, count in self.parts[split]:
+            lo, hi = max(start - offset, 0), min(stop - offset, count)
+            if lo < hi:
+                tokens = np.memmap(path, dtype=self.meta['dtype'], mode='r', offset=byte_offset,
+                                   shape=(count,))
+                pieces.append(np.asarray(tokens[lo:hi]))
+            offset += count
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def check_ids(self, split, tokens):
         """Token ids at or above the vocabulary would index past the embedding (on CUDA, a
@@ -196,8 +212,7 @@ class Dataset:
         """Inputs and next-token targets (len(starts), length or block_size) as int64, on
         device; their ids checked against the vocabulary (on the host, before the copy: free)."""
         length = length or self.block_size
-        data = self.array(split)
-        windows = np.stack([data[s:s + length + 1] for s in starts])
+        windows = np.stack([self.read(split, s, s + length + 1) for s in starts])
         self.check_ids(split, windows)
         xy = torch.from_numpy(windows.astype(np.int64))
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
@@ -208,24 +223,73 @@ class Dataset:
 
 
 def open_dataset(data_root, name, block_size):
+    """The dataset data_root/<name>: prepare.py's bins and meta.json, or else llm.c shards."""
     data_dir = os.path.join(data_root, name)
     meta_path = os.path.join(data_dir, 'meta.json')
     if not os.path.exists(meta_path):
+        if glob.glob(os.path.join(glob.escape(data_dir), '*.bin')):
+            return open_shards(data_dir, block_size)
         raise UserError(f"no prepared dataset at {data_dir}: run "
                         f"`python prepare.py --dataset={name}` first")
     meta = read_json(meta_path, 'meta.json')
     problem = bins_match_meta(data_dir, meta)
     if problem:
         raise UserError(problem)
+    check_long_enough(data_dir, meta, block_size)
+    return checked(Dataset(data_dir, meta, block_size))
+
+
+def check_long_enough(data_dir, meta, block_size):
     for split in SPLITS:
         if meta[f'{split}_tokens'] <= block_size + 1:
-            raise UserError(f"{data_dir}/{split}.bin has {meta[f'{split}_tokens']} tokens, "
+            raise UserError(f"{data_dir}'s {split} split has {meta[f'{split}_tokens']} tokens, "
                             f"too few for block_size {block_size}")
-    data = Dataset(data_dir, meta, block_size)
+
+
+# llm.c's and modded-nanogpt's pre-tokenized shards (e.g. fineweb_train_000001.bin): a header of
+# 256 int32 (magic, version, token count, zeros), then the GPT-2 token ids as uint16
+SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER = 20240520, 1, 256 * 4
+
+
+def shard_tokens(path):
+    """The token count of one shard, its header and size checked."""
+    with open(path, 'rb') as f:
+        header = np.frombuffer(f.read(SHARD_HEADER), dtype='<i4')
+    size = os.path.getsize(path)
+    if len(header) < 3 or header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION:
+        found = f"magic {header[0]}, version {header[1]}" if len(header) >= 3 else "no header"
+        raise UserError(f"{path} is not an llm.c token shard ({found}; expected magic "
+                        f"{SHARD_MAGIC}, version {SHARD_VERSION}): remove it from the folder, "
+                        "or prepare the corpus with prepare.py")
+    if size != SHARD_HEADER + 2 * int(header[2]):
+        raise UserError(f"{path} has {size:,} bytes, but its header records {int(header[2]):,} "
+                        "uint16 tokens after 1,024 header bytes: the shard is truncated or "
+                        "damaged; download it again")
+    return int(header[2])
+
+
+def open_shards(data_dir, block_size):
+    """A folder of llm.c shards with no meta.json: every *.bin with 'val' in its name is the val
+    split, the rest train, each split its shards in name order read as one sequence."""
+    files = sorted(glob.glob(os.path.join(glob.escape(data_dir), '*.bin')))
+    parts = {'val': [f for f in files if 'val' in os.path.basename(f)]}
+    parts['train'] = [f for f in files if f not in parts['val']]
+    for split in SPLITS:
+        if not parts[split]:
+            raise UserError(f"{data_dir} holds .bin shards but none for {split} (a shard is "
+                            "val when its name has 'val' in it): add them, or run prepare.py")
+        parts[split] = [(f, SHARD_HEADER, shard_tokens(f)) for f in parts[split]]
+    meta = dict(tokenizer='gpt2', vocab_size=50257, dtype='uint16', source='llm.c shards',
+                **{f'{s}_tokens': sum(p[2] for p in parts[s]) for s in SPLITS})
+    check_long_enough(data_dir, meta, block_size)
+    return checked(Dataset(data_dir, meta, block_size, parts))
+
+
+def checked(data):
     for split in SPLITS:  # a cheap look at both ends; each batch is checked as it is read
-        tokens = data.array(split)
-        data.check_ids(split, tokens[:CHECKED_AT_OPEN])
-        data.check_ids(split, tokens[-CHECKED_AT_OPEN:])
+        n = data.tokens(split)
+        data.check_ids(split, data.read(split, 0, CHECKED_AT_OPEN))
+        data.check_ids(split, data.read(split, max(0, n - CHECKED_AT_OPEN), n))
     return data
 
 
@@ -379,11 +443,14 @@ def check_jsonl(path):
 
 
 def load_source(c):
+    """The documents: a datasets.Dataset, or with streaming an IterableDataset read in order."""
     import datasets
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors become ours, one line
     name = c['dataset']
     if name in EMBEDDED:
-        return datasets.Dataset.from_dict({c['text_column']: list(EMBEDDED[name]())})
+        ds = datasets.Dataset.from_dict({c['text_column']: list(EMBEDDED[name]())})
+        return ds.to_iterable_dataset() if c['streaming'] else ds
+    stream = dict(streaming=True) if c['streaming'] else {}
     # openwebtext loads from hub_id, which may also be a local copy with the same schema
     source = c['hub_id'] if name == 'openwebtext' else name
     if is_local(source):
@@ -394,7 +461,8 @@ def load_source(c):
         for problem in (check_jsonl(f) for f in jsonl if os.path.getsize(f) == 0):
             raise UserError(problem)
         try:
-            ds = datasets.load_dataset(builder, data_files=files, split='train', **extra)
+            ds = datasets.load_dataset(builder, data_files=files, split='train', **extra,
+                                       **stream)
         except Exception as e:
             for problem in filter(None, map(check_jsonl, jsonl)):
                 raise UserError(problem) from None
@@ -404,7 +472,8 @@ def load_source(c):
         return ds
     hub_id = source
     try:
-        return datasets.load_dataset(hub_id, split='train', num_proc=c['num_proc'])
+        return datasets.load_dataset(hub_id, c['hub_config'], split='train', **(
+            stream or dict(num_proc=c['num_proc'])))
     except Exception as e:
         if 'scripts are no longer supported' in str(e):
             # Skylion007/openwebtext shipped such a script until at least late 2025 (nanoGPT #633)
@@ -477,6 +546,14 @@ def resolve(c):
         c['out_name'] = os.path.splitext(base)[0] or 'corpus'
     if c['num_proc'] < 1:
         raise UserError(f"num_proc must be at least 1, got {c['num_proc']}")
+    if c['val_documents'] is not None and c['val_documents'] < 1:
+        raise UserError(f"val_documents must be at least 1, got {c['val_documents']}")
+    if c['streaming'] and c['val_documents'] is None:
+        raise UserError("--streaming=True reads the documents once, in order, so its val split "
+                        "is the first documents: set --val_documents (e.g. 10000)")
+    if c['streaming'] and is_local(name) and name.endswith('.txt') and os.path.isfile(name):
+        raise UserError(f"{name} is one document, split by position: prepare it without "
+                        "--streaming")
     return c
 
 
@@ -495,6 +572,14 @@ def split_documents(ds, c):
     split = ds.train_test_split(test_size=c['val_size'], seed=c['seed'], shuffle=True)
     split['val'] = split.pop('test')
     return split
+
+
+def split_head(ds, c):
+    """The first val_documents documents are val, the rest train, each in order."""
+    n = c['val_documents']
+    if n >= len(ds):
+        raise UserError(f"{c['dataset']} has {len(ds)} documents: too few for val_documents={n}")
+    return {'val': ds.select(range(n)), 'train': ds.select(range(n, len(ds)))}
 
 
 def split_by_position(ds, c):
@@ -520,6 +605,7 @@ def prepare(c):
     meta_path = os.path.join(out_dir, 'meta.json')
     settings = {k: c[k] for k in ('dataset', 'hub_id', 'text_column', 'tokenizer', 'val_size',
                                   'seed', 'dtype')}
+    settings.update({k: c[k] for k in ('hub_config', 'val_documents') if c[k] is not None})
     if os.path.exists(meta_path) and not c['force']:
         meta = read_json(meta_path, 'meta.json')
         if meta.get('settings') == settings and bins_match_meta(out_dir, meta) is None:
@@ -531,12 +617,15 @@ def prepare(c):
         import datasets
         datasets.disable_progress_bars()
     ds = load_source(c)
+    if c['streaming']:
+        return prepare_streamed(ds, c, tok, dtype, out_dir, settings)
     if c['text_column'] not in ds.column_names:
         raise UserError(f"no column '{c['text_column']}' in {c['dataset']} "
                         f"(columns: {', '.join(ds.column_names)}): set --text_column")
     if len(ds) == 0:
         raise UserError(f"{c['dataset']} has no documents")
-    split = split_by_position(ds, c) if len(ds) == 1 else split_documents(ds, c)
+    split = (split_by_position(ds, c) if len(ds) == 1 and c['val_documents'] is None
+             else split_documents(ds, c) if c['val_documents'] is None else split_head(ds, c))
     tokenized = {s: split[s].map(tokenize_batch, batched=True,
                                  num_proc=min(c['num_proc'], len(split[s])),
                                  remove_columns=split[s].column_names, desc=f"tokenizing {s}",
@@ -546,28 +635,102 @@ def prepare(c):
     if n_chars == 0:
         raise UserError(f"{c['dataset']} is empty: every document's '{c['text_column']}' is blank")
 
-    os.makedirs(out_dir, exist_ok=True)
     meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype,
                 source=c['dataset'], settings=settings, documents=len(ds), characters=n_chars)
-    if len(ds) == 1:
+    if len(ds) == 1 and c['val_documents'] is None:
         meta['split'] = 'by position'  # one document cut in two
-    paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}
-    try:  # both bins complete under temporary names first: a failure leaves the old data as it was
+
+    def write(paths):
         for s in SPLITS:
-            meta[f'{s}_tokens'] = write_bin(tokenized[s], paths[s] + '.tmp', dtype)
+            meta[f'{s}_tokens'] = write_bin(tokenized[s], paths[s], dtype)
             meta[f'{s}_documents'] = len(split[s])
+    return write_dataset(out_dir, meta, write)
+
+
+def write_dataset(out_dir, meta, write):
+    """write(paths) fills both bins under temporary names (and meta's counts); then they replace
+    the old ones and meta.json comes last: a failure leaves the old data as it was."""
+    os.makedirs(out_dir, exist_ok=True)
+    meta_path = os.path.join(out_dir, 'meta.json')
+    paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}
+    temporary = {s: path + '.tmp' for s, path in paths.items()}
+    try:
+        write(temporary)
         if os.path.exists(meta_path):
             os.remove(meta_path)  # from here until the new meta.json, nothing vouches for the bins
         for s in SPLITS:
-            os.replace(paths[s] + '.tmp', paths[s])
+            os.replace(temporary[s], paths[s])
         write_json(meta_path, meta)
     finally:
-        for s in SPLITS:
-            if os.path.exists(paths[s] + '.tmp'):
-                os.remove(paths[s] + '.tmp')
+        for path in temporary.values():
+            if os.path.exists(path):
+                os.remove(path)
     print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
-          f"({tok.name}, {dtype})")
+          f"({meta['tokenizer']}, {meta['dtype']})")
     return meta
+
+
+STREAM_BATCH = 1000  # documents tokenized together (by one worker) when streaming
+
+
+def stream_batches(ds, column):
+    batch = []
+    for document in ds:
+        if column not in document:
+            raise UserError(f"no column '{column}' in the streamed documents (columns: "
+                            f"{', '.join(document)}): set --text_column")
+        batch.append(document[column])
+        if len(batch) == STREAM_BATCH:
+            yield {column: batch}
+            batch = []
+    if batch:
+        yield {column: batch}
+
+
+def prepare_streamed(ds, c, tok, dtype, out_dir, settings):
+    """Tokenize while reading, in document order: the first val_documents to val.bin, the rest
+    to train.bin, with the same bytes as the non-streamed path with the same val_documents."""
+    import multiprocessing
+    from tqdm import tqdm
+    column, counts = c['text_column'], dict(documents=0, characters=0, val_documents=0)
+    meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype,
+                source=c['dataset'], settings=settings)
+    tokenize = functools.partial(tokenize_batch, tokenizer=tok.name, column=column)
+
+    def write(paths):
+        files = {s: open(paths[s], 'wb') for s in SPLITS}
+        tokens = dict.fromkeys(SPLITS, 0)
+        pool = multiprocessing.Pool(c['num_proc']) if c['num_proc'] > 1 else None
+        try:
+            batches = stream_batches(ds, column)
+            out = pool.imap(tokenize, batches) if pool else map(tokenize, batches)
+            bar = tqdm(desc='tokenizing (streamed)', unit=' docs', disable=not c['progress'])
+            for result in out:
+                for ids, chars in zip(result['ids'], result['chars']):
+                    s = 'val' if counts['documents'] < c['val_documents'] else 'train'
+                    files[s].write(np.asarray(ids, dtype=dtype).tobytes())
+                    tokens[s] += len(ids)
+                    counts['documents'] += 1
+                    counts['characters'] += chars
+                bar.update(len(result['ids']))
+            bar.close()
+        finally:
+            if pool:
+                pool.terminate()
+            for f in files.values():
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+        if counts['documents'] <= c['val_documents']:
+            raise UserError(f"{c['dataset']} has {counts['documents']} documents: too few for "
+                            f"val_documents={c['val_documents']}")
+        if counts['characters'] == 0:
+            raise UserError(f"{c['dataset']} is empty: every document's '{column}' is blank")
+        meta.update(documents=counts['documents'], characters=counts['characters'],
+                    train_documents=counts['documents'] - c['val_documents'],
+                    val_documents=c['val_documents'], streamed=True,
+                    **{f'{s}_tokens': tokens[s] for s in SPLITS})
+    return write_dataset(out_dir, meta, write)
 
 
 def main(argv=None):

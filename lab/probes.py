@@ -120,7 +120,7 @@ def repeated_tokens(data, count, *key):
     the ids that occur in the first 2^20 training tokens, never the end-of-document token: an id
     the model has never seen (a byte above 127 in source code) measures its surprise, not its
     copying."""
-    seen = np.unique(data.array('train')[:2 ** 20])
+    seen = np.unique(data.read('train', 0, 2 ** 20))
     seen = torch.from_numpy(seen[seen != data.meta['eot']].astype(np.int64))
     g = key_generator(key)
     half = seen[torch.randint(len(seen), (count, data.block_size // 2), generator=g)]

@@ -220,3 +220,135 @@ def test_the_core_imports_where_fcntl_does_not_exist():
     r = subprocess.run([sys.executable, '-W', 'ignore', '-c', code], cwd=HERE,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# -----------------------------------------------------------------------------
+# llm.c / modded-nanogpt shards, written here to the format's spec: 256 little-endian int32
+# (magic 20240520, version 1, token count, zeros), then the tokens as uint16
+
+def write_shard(path, tokens, magic=20240520, version=1, count=None):
+    header = np.zeros(256, dtype='<i4')
+    header[:3] = magic, version, len(tokens) if count is None else count
+    with open(path, 'wb') as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype='<u2').tobytes())
+
+
+def shard_folder(root, sizes=(3000, 2500), val=1500):
+    folder = root / 'data' / 'fineweb10B'
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    tokens = {'train': [], 'val': []}
+    for i, n in enumerate(sizes):
+        tokens['train'].append(rng.integers(0, 50257, n))
+        write_shard(folder / f'fineweb_train_{i + 1:06d}.bin', tokens['train'][-1])
+    tokens['val'].append(rng.integers(0, 50257, val))
+    write_shard(folder / 'fineweb_val_000000.bin', tokens['val'][-1])
+    return folder, {s: np.concatenate(t) for s, t in tokens.items()}
+
+
+def test_llmc_shards_read_as_one_sequence_per_split(tmp_path):
+    folder, tokens = shard_folder(tmp_path)
+    data = prepare.open_dataset(str(tmp_path / 'data'), 'fineweb10B', block_size=64)
+    assert data.meta['train_tokens'] == 5500 and data.meta['val_tokens'] == 1500
+    assert data.meta['tokenizer'] == 'gpt2' and data.meta['vocab_size'] == 50257
+    # a window across the boundary of the two train shards reads both, in order
+    x, y = data.batch('train', np.array([2990, 0, 5500 - 65]))
+    assert x[0].tolist() == tokens['train'][2990:3054].tolist()
+    assert y[0].tolist() == tokens['train'][2991:3055].tolist()
+    assert y[2].tolist() == tokens['train'][-64:].tolist()
+    assert data.read('val', 0, 1500).tolist() == tokens['val'].tolist()
+
+
+def test_train_runs_on_llmc_shards(tmp_path):
+    import train
+    shard_folder(tmp_path)
+    out = tmp_path / 'out'
+    train.main([f'--data_root={tmp_path / "data"}', '--dataset=fineweb10B', f'--out_dir={out}',
+                '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=2',
+                '--gradient_accumulation_steps=1', '--max_iters=4', '--eval_interval=2',
+                '--eval_iters=1', '--log_interval=1', '--device=cpu', '--compile=False',
+                '--dtype=float32'])
+    log = [json.loads(line) for line in open(out / 'log.jsonl')]
+    assert log[-1]['iter'] == 4 and np.isfinite(log[-1]['val_loss_full'])
+    assert json.load(open(out / 'config.json'))['model_args']['vocab_size'] == 50304
+
+
+@pytest.mark.parametrize('damage, message', [
+    (dict(magic=20240801), 'is not an llm.c token shard (magic 20240801, version 1'),
+    (dict(version=7), 'is not an llm.c token shard (magic 20240520, version 7'),
+    (dict(count=4000), 'but its header records 4,000 uint16 tokens'),
+])
+def test_a_bad_shard_header_is_one_line(tmp_path, command_line, damage, message):
+    import train
+    folder, _ = shard_folder(tmp_path)
+    write_shard(folder / 'fineweb_train_000002.bin', np.zeros(2500), **damage)
+    code, err = command_line(train, [f'--data_root={tmp_path / "data"}', '--dataset=fineweb10B',
+                                     f'--out_dir={tmp_path / "out"}', '--device=cpu'])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert 'fineweb_train_000002.bin' in err and message in err
+
+
+def test_a_shard_folder_without_val_shards_says_so(tmp_path):
+    folder, _ = shard_folder(tmp_path)
+    os.remove(folder / 'fineweb_val_000000.bin')
+    with pytest.raises(UserError, match="holds .bin shards but none for val"):
+        prepare.open_dataset(str(tmp_path / 'data'), 'fineweb10B', block_size=64)
+
+
+# -----------------------------------------------------------------------------
+# streaming (FineWeb's route): the same bins as the non-streamed path on the same documents
+
+@pytest.mark.parametrize('kind, num_proc', [('jsonl', 1), ('parquet', 2)])
+def test_streamed_bins_equal_the_non_streamed_ones(tmp_path, kind, num_proc, monkeypatch):
+    monkeypatch.setattr(prepare, 'STREAM_BATCH', 7)  # several batches, the last one short
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    if kind == 'parquet':
+        import datasets
+        src = str(tmp_path / 'docs.parquet')
+        datasets.Dataset.from_dict({'text': DOCS, 'other': [1] * len(DOCS)}).to_parquet(src)
+    made = {}
+    for streaming in (False, True):
+        meta = run(tmp_path, dataset=src, tokenizer='gpt2', val_documents=5, num_proc=num_proc,
+                   streaming=streaming, out_name=f'docs_{streaming}')
+        made[streaming] = meta
+    for s in ('train', 'val'):
+        a, b = (open(tmp_path / 'data' / f'docs_{t}' / f'{s}.bin', 'rb').read()
+                for t in (False, True))
+        assert a == b and len(a) > 0
+    tok = get_tokenizer('gpt2')
+    assert read_docs(tmp_path / 'data' / 'docs_True', 'val', tok) == DOCS[:5]
+    assert read_docs(tmp_path / 'data' / 'docs_True', 'train', tok) == DOCS[5:]
+    for key in ('train_tokens', 'val_tokens', 'documents', 'characters', 'val_documents'):
+        assert made[True][key] == made[False][key]
+
+
+def test_a_hub_config_name_reaches_load_dataset(tmp_path, monkeypatch):
+    import datasets
+    calls = []
+    local = datasets.Dataset.from_dict({'text': DOCS})
+
+    def load_dataset(path, name=None, **kw):
+        calls.append((path, name, kw))
+        return local.to_iterable_dataset() if kw.get('streaming') else local
+    monkeypatch.setattr(datasets, 'load_dataset', load_dataset)
+    for streaming in (False, True):
+        run(tmp_path, dataset='HuggingFaceFW/fineweb', hub_config='sample-10BT', tokenizer='byte',
+            streaming=streaming, val_documents=4, out_name=f'fw{streaming}', progress=False)
+    assert [c[:2] for c in calls] == [('HuggingFaceFW/fineweb', 'sample-10BT')] * 2
+    assert calls[0][2] == dict(split='train', num_proc=1)
+    assert calls[1][2] == dict(split='train', streaming=True)
+    a, b = (open(tmp_path / 'data' / f'fw{t}' / 'train.bin', 'rb').read() for t in (False, True))
+    assert a == b
+
+
+@pytest.mark.parametrize('kw, message', [
+    (dict(streaming=True), 'set --val_documents'),
+    (dict(val_documents=40), 'has 40 documents: too few for val_documents=40'),
+    (dict(val_documents=40, streaming=True), 'has 40 documents: too few for val_documents=40'),
+])
+def test_streaming_settings_fail_clearly(tmp_path, kw, message):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    with pytest.raises(UserError, match=message):
+        run(tmp_path, dataset=src, tokenizer='byte', **kw)
+    assert not os.path.exists(tmp_path / 'data' / 'docs' / 'meta.json')
