@@ -1,6 +1,6 @@
 """
 What a run writes about itself: its record (config.json and log.jsonl, which always describe
-the checkpoint on disk), the trackers that mirror it (W&B), the probes that add to its
+the checkpoint on disk), the trackers that mirror it (W&B, TensorBoard), the probes that add to its
 evaluations' lines (the probe setting), and the step times it logs.
 """
 import importlib
@@ -21,16 +21,16 @@ class Record:
     byte-identical. eval_only (config None) touches neither: its evaluation goes to
     eval.jsonl."""
 
-    def __init__(self, out_dir, config, resume_iter, wandb_run=None):
+    def __init__(self, out_dir, config, resume_iter, trackers=()):
         self.path, self.config, self.resume_iter = os.path.join(out_dir, 'log.jsonl'), config, \
             resume_iter
-        self.out_dir, self.wandb_run, self.started = out_dir, wandb_run, False
+        self.out_dir, self.trackers, self.started = out_dir, list(trackers), False
         record = [os.path.join(out_dir, f) for f in ('log.jsonl', 'config.json')]
         self.held = [] if any(map(os.path.exists, record)) and config is not None else None
 
     def log(self, **entry):
-        if self.wandb_run is not None:
-            self.wandb_run.log(entry, step=entry['iter'])
+        for tracker in self.trackers:
+            tracker.log(entry)
         if self.config is None:
             path = os.path.join(self.out_dir, 'eval.jsonl')
             return self.append(path, dict(entry, eval_only=True))
@@ -49,6 +49,10 @@ class Record:
         write_text(self.path, ''.join(json.dumps(e) + '\n' for e in keep + entries))
         self.started = True
 
+    def close(self):
+        for tracker in self.trackers:
+            tracker.close()
+
     def commit(self):
         """A checkpoint was saved (or the run finished): the held entries join the record, which
         is written now if it was not yet (a checkpoint without a config.json beside it is not)."""
@@ -62,15 +66,88 @@ class Record:
             f.write(json.dumps(entry) + '\n')
 
 
-def init_wandb(c):
-    if not c['wandb_log']:
-        return None
-    try:
-        import wandb
-    except ImportError:
-        raise UserError("wandb_log=True needs wandb: `pip install wandb`, "
-                        "or set --wandb_log=False") from None
-    return wandb.init(project=c['wandb_project'], name=c['wandb_run_name'], config=c)
+# -----------------------------------------------------------------------------
+# trackers: each mirrors the record's entries as they are logged, and continues across a resume
+
+def entry_position(entry):  # a step's log line comes before its evaluation's
+    return [entry['iter'], int('val_loss' in entry)]
+
+
+class WandbTracker:
+    """A W&B run whose id the checkpoint keeps: a resume (or a restart by torchrun) continues it.
+    Its charts are against `iter`; the entries a resume logs again up to what the run already
+    holds (the steps between the checkpoint and a crash, bit-identical) are left out."""
+
+    def __init__(self, c, run_id=None):
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("wandb_log=True needs wandb: `pip install wandb`, "
+                            "or set --wandb_log=False") from None
+        name = c['wandb_run_name'] or os.path.basename(os.path.normpath(c['out_dir']))
+        self.run = wandb.init(project=c['wandb_project'], name=name, config=c,
+                              id=run_id, resume='allow')  # id None: W&B makes one
+        self.run.define_metric('iter')
+        self.run.define_metric('*', step_metric='iter')
+        self.logged = self.run.summary.get('logged_through')  # restored by W&B on a resume
+
+    @property
+    def run_id(self):
+        return self.run.id
+
+    def log(self, entry):
+        if self.logged is not None and entry_position(entry) <= list(self.logged):
+            return
+        self.run.log(entry)
+        self.logged = entry_position(entry)
+        self.run.summary['logged_through'] = self.logged
+
+    def close(self):
+        self.run.finish()
+
+
+class TensorBoardTracker:
+    """The record's numbers as TensorBoard scalars in out_dir/tensorboard. A resume purges what
+    the last run wrote from its checkpoint's step on and writes again the step lines log.jsonl
+    keeps there, so the event files read back as log.jsonl."""
+
+    def __init__(self, out_dir, resume_iter, kept=()):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise UserError("tensorboard_log=True needs tensorboard: `pip install tensorboard`, "
+                            "or set --tensorboard_log=False") from None
+        self.writer = SummaryWriter(os.path.join(out_dir, 'tensorboard'),
+                                    purge_step=resume_iter or None)
+        for entry in kept:
+            self.log(entry)
+
+    def log(self, entry):
+        for key, value in entry.items():
+            if key != 'iter' and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, entry['iter'])
+
+    def close(self):
+        self.writer.close()
+
+
+def open_trackers(c, resume_iter, wandb_run_id=None):
+    """The trackers the settings ask for; none for eval_only (its lines go to eval.jsonl)."""
+    if c['eval_only']:
+        return []
+    trackers = [WandbTracker(c, wandb_run_id)] if c['wandb_log'] else []
+    if c['tensorboard_log']:
+        path = os.path.join(c['out_dir'], 'log.jsonl')
+        kept = [e for e in read_jsonl(path) if e['iter'] == resume_iter and 'val_loss' not in e] \
+            if resume_iter and os.path.exists(path) else []
+        trackers.append(TensorBoardTracker(c['out_dir'], resume_iter, kept))
+    return trackers
+
+
+def wandb_run_id(record):
+    """The W&B run id to keep in the checkpoint, or None."""
+    ids = [t.run_id for t in (record.trackers if record else []) if isinstance(t, WandbTracker)]
+    return ids[0] if ids else None
 
 
 TIMING_WARMUP = 2  # steps after each (re)start left out of step times (compilation, caches)

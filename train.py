@@ -27,7 +27,7 @@ import safety
 from common import (DTYPES, Kind, UserError, device_peak_flops, field_kinds, fs_error,
                     model_errors, model_from_checkpoint, parse_config, print_overrides, run_main,
                     save_checkpoint, setup_device)
-from record import Record, StepTimer, format_eta, init_wandb, load_probe
+from record import Record, StepTimer, format_eta, load_probe, open_trackers, wandb_run_id
 from model import ACTIVATIONS, GPT, QUERY_MODES, GPTConfig, upgrade_query
 
 # -----------------------------------------------------------------------------
@@ -44,9 +44,10 @@ DEFAULTS = dict(
     probe=None,  # a module whose probe(data, c, device) adds to each evaluation's log line
     always_save_checkpoint=True,  # False: save only when val loss improves (nanoGPT's option)
     keep_checkpoints=(50000, 100000, 105000),  # steps whose ckpt_<step>.pt is kept (the authors')
-    wandb_log=False,  # also log to Weights & Biases (pip install wandb)
+    wandb_log=False,  # also log to Weights & Biases (pip install wandb); a resume continues it
     wandb_project='kvgpt',  # the W&B project
-    wandb_run_name='run',  # the W&B run name
+    wandb_run_name=None,  # the W&B run name; None: the out_dir's name
+    tensorboard_log=False,  # also write TensorBoard scalars to out_dir/tensorboard
     # data
     dataset='openwebtext',  # data_root/<dataset>/ of prepare.py (pydocs, pysource: made if absent)
     data_root='data',  # where prepared datasets live
@@ -85,7 +86,8 @@ DEFAULTS.update({f.name: f.default for f in fields(GPTConfig) if f.name not in D
 TYPES = dict(
     field_kinds(GPTConfig), query=Kind(str, QUERY_MODES), pos=Kind(str, ('learned', 'rope')),
     activation=Kind(str, tuple(ACTIVATIONS)), device=Kind('device'), dtype=Kind(str, DTYPES),
-    compile=Kind(bool), backend=Kind(str, ('nccl', 'gloo')), probe=Kind(str))
+    compile=Kind(bool), backend=Kind(str, ('nccl', 'gloo')), probe=Kind(str),
+    wandb_run_name=Kind(str))
 
 
 def settings(argv=None):
@@ -357,6 +359,7 @@ def save(r, reason, name='ckpt.pt'):
                 model_args=asdict(r.model.config), iter_num=r.iter_num,
                 best_val_loss=r.best_val_loss, config=r.c, meta=r.data.meta, rng=states,
                 tokens_seen=r.iter_num * tokens_per_iter(r.c),
+                wandb_run_id=wandb_run_id(r.record),  # a resume continues the same W&B run
                 scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None), path)
         except OSError as e:
             error = f"{fs_error(e, path)}; the previous checkpoint there is untouched"
@@ -407,8 +410,8 @@ def setup(c, d, signals):
     if ckpt is not None:
         restore(r, ckpt)
     if d.master:  # eval_only writes no config.json or log.jsonl: those are the training run's
-        r.record = Record(c['out_dir'], None if c['eval_only'] else config, r.iter_num,
-                          init_wandb(c))
+        trackers = open_trackers(c, r.iter_num, ckpt and ckpt.get('wandb_run_id'))
+        r.record = Record(c['out_dir'], None if c['eval_only'] else config, r.iter_num, trackers)
         r.probe = c['probe'] and load_probe(c, data, dev.device)
         print(f"tokens per iteration: {tokens_per_iter(c):,} "
               f"({c['gradient_accumulation_steps']} x {c['batch_size']} x {c['block_size']}, "
@@ -434,6 +437,8 @@ def train(c):
         r.step_model = None  # the DDP wrapper goes while the process group lives (safety.close)
         return r
     finally:
+        if r is not None and r.record is not None:
+            r.record.close()  # the trackers' last writes
         safety.close(d, finished=r is not None and r.step_model is None)
         if lock is not None:
             lock.release(started=r is not None and r.record is not None and r.record.started)
