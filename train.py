@@ -42,6 +42,9 @@ DEFAULTS = dict(
     eval_only=False,  # evaluate the checkpoint (with the full val loss) into eval.jsonl, and stop
     log_interval=10,  # steps between log lines (loss, gradient norm, step time)
     probe=None,  # a module whose probe(data, c, device) adds to each evaluation's log line
+    hellaswag=None,  # a HellaSwag-format .jsonl, or 'download': scored at the end (evals/)
+    hellaswag_interval=0,  # also score it at evaluations every this many steps; 0: the end only
+    hellaswag_items=None,  # score its first this many items; None: all
     always_save_checkpoint=True,  # False: save only when val loss improves (nanoGPT's option)
     keep_checkpoints=(50000, 100000, 105000),  # steps whose ckpt_<step>.pt is kept (the authors')
     wandb_log=False,  # also log to Weights & Biases (pip install wandb); a resume continues it
@@ -87,7 +90,7 @@ TYPES = dict(
     field_kinds(GPTConfig), query=Kind(str, QUERY_MODES), pos=Kind(str, ('learned', 'rope')),
     activation=Kind(str, tuple(ACTIVATIONS)), device=Kind('device'), dtype=Kind(str, DTYPES),
     compile=Kind(bool), backend=Kind(str, ('nccl', 'gloo')), probe=Kind(str),
-    wandb_run_name=Kind(str))
+    wandb_run_name=Kind(str), hellaswag=Kind(str), hellaswag_items=Kind(int, optional=True))
 
 
 def settings(argv=None):
@@ -189,6 +192,7 @@ class Run:  # what the loop reads and changes, made by setup() below
     signals: safety.Signals
     record: Record = None  # rank 0's config.json and log.jsonl
     probe: object = None  # the evaluation hook of the probe setting
+    hellaswag: list = None  # the items of the hellaswag setting
     iter_num: int = 0
     best_val_loss: float = math.inf
 
@@ -301,6 +305,9 @@ def evaluate(r, trained):
                  train_loss=losses['train'], val_loss=losses['val'])
     if r.iter_num >= c['max_iters'] or c['eval_only']:  # every val token once, in order
         entry['val_loss_full'] = mean_loss(r, r.model, 'val', r.data.tiling('val', n), True)
+    if r.hellaswag and (entry.get('val_loss_full') is not None or c['hellaswag_interval'] and
+                        r.iter_num % c['hellaswag_interval'] == 0):
+        entry.update(score_hellaswag(r))
     if r.probe is not None:
         r.model.eval()
         with r.dev.ctx:
@@ -321,6 +328,14 @@ def evaluate(r, trained):
     if trained and not c['eval_only'] and (improved or c['always_save_checkpoint']):
         save(r, 'eval')
     return time.time() - t0
+
+
+def score_hellaswag(r):
+    from evals import hellaswag
+    reduce = dist.all_reduce if r.d.ddp else lambda counts: None
+    return hellaswag.during_training(r.model, prepare.get_tokenizer(r.data.meta['tokenizer']),
+                                     r.hellaswag, r.dev.ctx, r.d.device, 4 * r.c['batch_size'],
+                                     r.signals.share, reduce)
 
 
 @torch.no_grad()
@@ -407,6 +422,9 @@ def setup(c, d, signals):
         ids = [torch.device(dev.device).index] if dev.type == 'cuda' else None
         step_model = DDP(step_model, device_ids=ids)
     r = Run(c, d, dev, data, model, step_model, optimizer, scaler, signals)
+    if c['hellaswag']:
+        from evals import hellaswag
+        r.hellaswag = hellaswag.load(c['hellaswag'], c['hellaswag_items'])
     if ckpt is not None:
         restore(r, ckpt)
     if d.master:  # eval_only writes no config.json or log.jsonl: those are the training run's

@@ -392,9 +392,9 @@ def reused(s, folder, root):
 
 
 def comparable(config):
-    """A run's settings as JSON values, without what names its folder or its W&B run. Runs from before the probe
-    setting logged the lab's probes with diagnostics=True, and had eval_windows='fixed', the one
-    behaviour there is now: the same settings as today's."""
+    """A run's settings as JSON values, without what names its folder or its W&B run. Runs from
+    before the probe setting logged the lab's probes with diagnostics=True, and had
+    eval_windows='fixed', the one behaviour there is now: the same settings as today's."""
     config = json.loads(json.dumps(config))
     for key in ('out_dir', 'init_from', 'model_args', 'params', 'eval_windows', 'wandb_run_name'):
         config.pop(key, None)

@@ -128,7 +128,9 @@ def test_batches_are_matched_across_variants(data_root, tmp_path, monkeypatch):
 @pytest.mark.long
 @pytest.mark.slow
 def test_ddp_two_processes_match_one_with_double_accumulation(data_root, tmp_path):
-    common = dict(dropout=0.0, max_iters=8, eval_interval=4, lr_decay_iters=8, probe=None)
+    from test_hellaswag import write_items  # the ranks share HellaSwag's items too
+    common = dict(dropout=0.0, max_iters=8, eval_interval=4, lr_decay_iters=8, probe=None,
+                  hellaswag=write_items(tmp_path / 'items.jsonl', n=7), hellaswag_interval=4)
     single = run(data_root, tmp_path / 'one', gradient_accumulation_steps=2, **common)
     env = dict(os.environ, OMP_NUM_THREADS='1')
     cmd = [*TORCHRUN, '--standalone', '--nproc_per_node=2', 'train.py',
@@ -137,6 +139,7 @@ def test_ddp_two_processes_match_one_with_double_accumulation(data_root, tmp_pat
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'tokens per iteration: 256 (2 x 4 x 32, 2 process(es))' in r.stdout
     double = read_log(tmp_path / 'two')
+    assert sum('hellaswag_acc' in e for e in double) == 3
     for a, b in zip(losses(single), losses(double), strict=True):
         assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5) for k in a)
     assert_same_state(final_state(tmp_path / 'one'), final_state(tmp_path / 'two'), exact=False)

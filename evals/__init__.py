@@ -1,0 +1,1 @@
+"""Downstream evaluation of trained models (beyond the validation loss)."""
