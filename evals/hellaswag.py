@@ -216,6 +216,7 @@ def evaluate(c):
     path = c['json_path'] or os.path.join(c['out_dir'], 'hellaswag.json')
     out = dict(a, data=c['data'], init_from=c['init_from'], seconds=time.time() - t0,
                per_item=[results[i] for i in range(len(items))])
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)  # --init_from=gpt2: a new folder
     write_json(path, out)
     print(f"hellaswag: acc {a['acc']:.4f}, acc_norm {a['acc_norm']:.4f} over {a['items']} items "
           f"(chance {sum(1 / len(e) for _, e, _ in items) / len(items):.4f}); wrote {path}")

@@ -13,7 +13,7 @@ import common
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 # every script, as it is run: `python train.py`, `python -m lab.study`
 SCRIPTS = ('train', 'sample', 'prepare', 'bench', 'lab.report', 'lab.study', 'lab.bench',
-           'tools.convert', 'tools.export')
+           'tools.convert', 'tools.export', 'evals.hellaswag')
 
 
 def command(name):
