@@ -6,7 +6,9 @@ A 2x2 of W_Q (learned, = I) by weight decay (0.1, 2^-5) at scale 1/8, on v4's an
 lambda 0.1) on seeds 301-310 is the reference, reused by name; the three new arms are each tuned on
 selection seeds 201-203 and tested on 301-310. The 4x arms joined by a dated amendment once the 1x
 test had named the weight decay they run at (lambda 0.1, by the docs' rule): W_Q = I at 4x against
-v4's 4x baseline, read unpaired. The design is the docs'; change it there first.
+v4's 4x baseline, read unpaired. Claim (ii) joined by a second amendment: W_Q = I with the saved
+weights in a wider MLP (parameter-matched) at 1x, lambda 0.1. The design is the docs'; change it
+there first.
 """
 name = 'v5'
 docs = 'docs/experiments.md'
@@ -37,6 +39,12 @@ arms = {
     'identity_anneal4x_wd0.1': dict(variant='reduced', weight_decay=0.1,
                                   settings=dict(ANNEAL_4X, **FULL),
                                   grid=dict(around='identity_anneal_wd0.1')),
+    # claim (ii) (amended 2026-12-02): W_Q = I's saved n_embd^2 per layer in the MLP (4.5 n_embd
+    # hidden: the baseline's parameter count), at lambda* and the standard scale, around W_Q = I's
+    # 1x selection
+    'identity_mlp_anneal_wd0.1': dict(variant='reduced_mlp', weight_decay=0.1,
+                                      settings=dict(ANNEAL, **FULL),
+                                      grid=dict(around='identity_anneal_wd0.1')),
 }
 tuning = dict(seeds=(201, 202, 203), step=2 ** 0.5, extend=3, anchor=2e-3)
 TEST = tuple(range(301, 311))  # v4's test seeds: its annealed baseline there is the reference
@@ -45,10 +53,15 @@ ARMS_4X = ('baseline_anneal4x', 'identity_anneal4x_wd0.1')  # lambda* = 0.1 (the
 # in this order, so that a partial result is still an answer
 phases = [
     dict(name='check', kind='at', arms=('baseline_anneal',), seeds=TEST[:1], tag='rerun'),
+    # the same check on the CPU the 4x W_Q = I arm's runs began on (the amendment)
+    dict(name='check epyc', kind='at', arms=('baseline_anneal',), seeds=TEST[:1],
+         tag='rerun_epyc'),
     dict(name='tuning', kind='tune', arms=NEW),
     dict(name='test', kind='at', arms=('baseline_anneal', *NEW), seeds=TEST),
     dict(name='tuning 4x', kind='tune', arms=ARMS_4X),
     dict(name='test 4x', kind='at', arms=ARMS_4X, seeds=TEST),
+    dict(name='tuning mlp', kind='tune', arms=('identity_mlp_anneal_wd0.1',)),
+    dict(name='test mlp', kind='at', arms=('identity_mlp_anneal_wd0.1',), seeds=TEST),
 ]
 
 # the write-up: docs/experiments.md's generated blocks
@@ -59,19 +72,23 @@ DECISIONS = [dict(c, seeds=TEST) for c in (  # the design's family, the 1x part 
     dict(label='c', arm=I2, ref=B1),  # the recipe at scale 1/8
     dict(label='d', combine=dict(a=0.5, b=0.5), name='d: the main effect of W_Q = I, (a + b)/2'),
     dict(label='e', combine=dict(b=1, a=-1), name='e: the interaction, b − a'))]
-FAMILY = 7  # a-e at 1x, then f and h at 4x (the design)
+FAMILY = 8  # a-e at 1x, f and h at 4x, i: claim (ii) at 1x (the design and its amendments)
 I4 = 'identity_anneal4x_wd0.1'
 FOURX = [dict(c, seeds=TEST) for c in (  # read unpaired (Welch): the amendment
     dict(label='f', arm=I4, ref='baseline_anneal4x', unpaired=True),  # W_Q = I alone at 4x
     dict(label='h', combine=dict(f=1, a=-1),
          name='h: W_Q = I alone, 4x gap − 1x gap, per seed'))]
+MLP = [dict(label='i', arm='identity_mlp_anneal_wd0.1', ref=B1, seeds=TEST)]  # claim (ii)
 LAMBDA = dict(label='λ', arm=B2, ref=B1, seeds=TEST)  # the baseline's weight decay alone
 tables = dict(
     v5_check=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun'),
+    v5_check_epyc=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun_epyc'),
     v5_tuning=dict(kind='tuning', arms=NEW),
     v5_tuning_4x=dict(kind='tuning', arms=ARMS_4X),
+    v5_tuning_mlp=dict(kind='tuning', arms=('identity_mlp_anneal_wd0.1',)),
     v5_verdict=dict(kind='decisions', comparisons=DECISIONS, family=FAMILY, margin=0.5,
                     beside=[LAMBDA]),
-    v5_family=dict(kind='decisions', comparisons=DECISIONS + FOURX, family=FAMILY, margin=0.5),
+    v5_family=dict(kind='decisions', comparisons=DECISIONS + FOURX + MLP, family=FAMILY,
+                   margin=0.5),
 )
 figures = {}
