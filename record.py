@@ -181,10 +181,19 @@ def format_eta(seconds):
     return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{int(seconds % 60):02d}s"
 
 
-def load_probe(c, data, device):
-    """The probe setting's hook, run at each evaluation: its dict joins the log line."""
+def load_probe(c, data, dev):
+    """The probe setting's hook, run at each evaluation on the model in eval mode, under the
+    run's autocast: its dict joins the log line."""
     try:
-        return importlib.import_module(c['probe']).probe(data, c, device)
+        probe = importlib.import_module(c['probe']).probe(data, c, dev.device)
     except ImportError as e:
         raise UserError(f"probe={c['probe']!r} cannot be imported ({e}): run from the repository "
                         "root, or set --probe=None") from None
+
+    def run(model):
+        model.eval()
+        with dev.ctx:
+            values = probe(model)
+        model.train()
+        return values
+    return run

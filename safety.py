@@ -87,6 +87,14 @@ def restart_store(world):
     return dist.PrefixStore(f"kvgpt/restart_{generation}", store)
 
 
+def check_finite(d, nonfinite, iter_num, out_dir):
+    """The ranks agree that no loss since the last check was non-finite, or all stop with it."""
+    if any_rank(d, nonfinite):
+        raise UserError(f"the loss became non-finite by iter {iter_num}; the last good "
+                        f"checkpoint in {out_dir} is untouched: lower learning_rate, "
+                        "use dtype=bfloat16, or resume from it")
+
+
 def any_rank(d, flag):
     """True when flag (a bool or a device tensor) is set on any rank: every rank takes the same
     branch, so none is left waiting in a collective the others never reach. Outside DDP, no

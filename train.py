@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import model
 import prepare
 import safety
+from evals import hellaswag
 from common import (DTYPES, Kind, UserError, device_peak_flops, field_kinds, fs_error,
                     model_errors, model_from_checkpoint, parse_config, print_overrides, run_main,
                     save_checkpoint, setup_device)
@@ -123,8 +124,7 @@ def step_starts(data, c, step):  # every variant, restart and world size: the sa
     return data.starts('train', tokens_per_iter(c) // c['block_size'], c['data_seed'], step)
 
 
-def get_batch(data, c, starts, micro, device):
-    """Micro-batch `micro` of a step's global batch (its windows drawn once by step_starts)."""
+def get_batch(data, c, starts, micro, device):  # micro-batch `micro` of the step's windows
     n = c['batch_size']
     return data.batch('train', starts[micro * n:(micro + 1) * n], device)
 
@@ -192,7 +192,7 @@ class Run:  # what the loop reads and changes, made by setup() below
     signals: safety.Signals
     record: Record = None  # rank 0's config.json and log.jsonl
     probe: object = None  # the evaluation hook of the probe setting
-    hellaswag: list = None  # the items of the hellaswag setting
+    hellaswag: object = None  # scores the hellaswag setting's items (evals/hellaswag.py)
     iter_num: int = 0
     best_val_loss: float = math.inf
 
@@ -209,7 +209,7 @@ def train_loop(r):
     while True:
         last = r.iter_num >= c['max_iters'] or c['eval_only']
         if r.iter_num % c['eval_interval'] == 0 or last:
-            check_finite(r, nonfinite)
+            safety.check_finite(d, nonfinite, r.iter_num, c['out_dir'])
             try:
                 timer.pause(evaluate(r, trained=r.iter_num > start_iter))
             except safety.Interrupted:  # the state is the last step's, whole: save it and stop
@@ -246,24 +246,17 @@ def train_loop(r):
         r.iter_num += 1
         timer.tick(r.iter_num)
         if r.iter_num in c['keep_checkpoints']:
-            check_finite(r, nonfinite)
+            safety.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
             save(r, 'kept', f'ckpt_{r.iter_num}.pt')
         if log_now:
-            check_finite(r, nonfinite)
+            safety.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
             log_step(r, loss_sum / accum, grad_norm, lr, timer.step_time(r.iter_num))
         if r.signals.requested(r.iter_num, c['log_interval']):
             return stop(r, nonfinite)
 
 
-def check_finite(r, nonfinite):
-    if safety.any_rank(r.d, nonfinite):
-        raise UserError(f"the loss became non-finite by iter {r.iter_num}; the last good "
-                        f"checkpoint in {r.c['out_dir']} is untouched: lower learning_rate, "
-                        "use dtype=bfloat16, or resume from it")
-
-
 def stop(r, nonfinite):
-    check_finite(r, nonfinite)
+    safety.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
     save(r, 'signal')
     if r.d.master:
         print(f"stopped by a signal at iter {r.iter_num}; continue with --init_from=resume "
@@ -295,8 +288,7 @@ def log_step(r, step_loss, grad_norm, lr, dt):
 def evaluate(r, trained):
     """The losses on both splits (and at the end the full val loss, the number verdicts use),
     the probes, the log line, then a checkpoint; the seconds it took."""
-    c, t0, n = r.c, time.time(), r.c['batch_size']
-    losses = {}
+    c, t0, n, losses = r.c, time.time(), r.c['batch_size'], {}
     for k, split in enumerate(('train', 'val')):  # windows drawn once: the same at every step
         starts = r.data.starts(split, c['eval_iters'] * n, c['data_seed'], EVAL_KEY + k)
         losses[split] = mean_loss(r, r.step_model, split, [
@@ -305,37 +297,24 @@ def evaluate(r, trained):
                  train_loss=losses['train'], val_loss=losses['val'])
     if r.iter_num >= c['max_iters'] or c['eval_only']:  # every val token once, in order
         entry['val_loss_full'] = mean_loss(r, r.model, 'val', r.data.tiling('val', n), True)
-    if r.hellaswag and (entry.get('val_loss_full') is not None or c['hellaswag_interval'] and
-                        r.iter_num % c['hellaswag_interval'] == 0):
-        entry.update(score_hellaswag(r))
+    interval = c['hellaswag_interval']
+    if r.hellaswag and ('val_loss_full' in entry or interval and r.iter_num % interval == 0):
+        entry.update(r.hellaswag(r.model, r.signals.share))  # the ranks share the items
     if r.probe is not None:
-        r.model.eval()
-        with r.dev.ctx:
-            entry.update(r.probe(r.model))
-        r.model.train()
+        entry.update(r.probe(r.model))
     entry['eval_s'] = time.time() - t0
     if r.d.master:
         full = entry.get('val_loss_full')
         print(f"iter {r.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
               + (f", full val loss {full:.4f}" if full is not None else ''))
         r.record.log(**entry)
-    if not math.isfinite(losses['val']):
-        raise UserError(f"val loss is non-finite at iter {r.iter_num}; the checkpoints in "
-                        f"{c['out_dir']} are untouched")
+    safety.check_finite(r.d, not math.isfinite(losses['val']), r.iter_num, c['out_dir'])
     improved = losses['val'] < r.best_val_loss
     r.best_val_loss = min(r.best_val_loss, losses['val'])
     # a checkpoint only of steps this process trained: a resume's first evaluation saves nothing
     if trained and not c['eval_only'] and (improved or c['always_save_checkpoint']):
         save(r, 'eval')
     return time.time() - t0
-
-
-def score_hellaswag(r):
-    from evals import hellaswag
-    reduce = dist.all_reduce if r.d.ddp else lambda counts: None
-    return hellaswag.during_training(r.model, prepare.get_tokenizer(r.data.meta['tokenizer']),
-                                     r.hellaswag, r.dev.ctx, r.d.device, 4 * r.c['batch_size'],
-                                     r.signals.share, reduce)
 
 
 @torch.no_grad()
@@ -422,18 +401,16 @@ def setup(c, d, signals):
         ids = [torch.device(dev.device).index] if dev.type == 'cuda' else None
         step_model = DDP(step_model, device_ids=ids)
     r = Run(c, d, dev, data, model, step_model, optimizer, scaler, signals)
-    if c['hellaswag']:
-        from evals import hellaswag
-        r.hellaswag = hellaswag.load(c['hellaswag'], c['hellaswag_items'])
+    r.hellaswag = c['hellaswag'] and hellaswag.scorer(c, data.meta['tokenizer'], dev, d.ddp)
     if ckpt is not None:
         restore(r, ckpt)
     if d.master:  # eval_only writes no config.json or log.jsonl: those are the training run's
-        trackers = open_trackers(c, r.iter_num, ckpt and ckpt.get('wandb_run_id'))
-        r.record = Record(c['out_dir'], None if c['eval_only'] else config, r.iter_num, trackers)
-        r.probe = c['probe'] and load_probe(c, data, dev.device)
-        print(f"tokens per iteration: {tokens_per_iter(c):,} "
-              f"({c['gradient_accumulation_steps']} x {c['batch_size']} x {c['block_size']}, "
-              f"{d.world} process(es)); starting at iter {r.iter_num}")
+        r.record = Record(c['out_dir'], None if c['eval_only'] else config, r.iter_num,
+                          open_trackers(c, r.iter_num, ckpt and ckpt.get('wandb_run_id')))
+        r.probe = c['probe'] and load_probe(c, data, dev)
+        print(f"tokens per iteration: {tokens_per_iter(c):,} ({c['gradient_accumulation_steps']}"
+              f" x {c['batch_size']} x {c['block_size']}, {d.world} process(es)); starting at "
+              f"iter {r.iter_num}")
     return r
 
 

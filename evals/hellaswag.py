@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from common import (DTYPES, Kind, UserError, atomic_write, parse_config, run_main, setup_device,
                     write_json)
+from prepare import get_tokenizer
 
 DEFAULTS = dict(
     out_dir='out',  # the run to score (out_dir/ckpt.pt); the result goes to out_dir/hellaswag.json
@@ -190,6 +191,16 @@ def during_training(model, tok, items, ctx, device, batch_size, share, reduce):
     reduce(counts)
     return dict(hellaswag_acc=(counts[0] / counts[2]).item(),
                 hellaswag_acc_norm=(counts[1] / counts[2]).item())
+
+
+def scorer(c, tokenizer, dev, ddp):
+    """train.py's hook for its hellaswag settings: scorer(model, share) gives the log line's
+    accuracies, the items shared over the ranks (summed by an all-reduce under DDP)."""
+    import torch.distributed as dist
+    items, tok = load(c['hellaswag'], c['hellaswag_items']), get_tokenizer(tokenizer)
+    reduce = dist.all_reduce if ddp else (lambda counts: None)
+    return lambda model, share: during_training(model, tok, items, dev.ctx, dev.device,
+                                                4 * c['batch_size'], share, reduce)
 
 
 # -----------------------------------------------------------------------------
