@@ -140,13 +140,8 @@ def paired_gaps(ref_runs, runs, at=None):
         if at is None:
             return final(r)
         return next((e['val_loss'] for e in r['evals'] if e['iter'] == at), None)
-    ref = {r['config']['seed']: loss(r) for r in ref_runs}
-    gaps = {}
-    for r in runs:
-        seed, value = r['config']['seed'], loss(r)
-        if ref.get(seed) is not None and value is not None:
-            gaps[seed] = 100 * (value - ref[seed]) / ref[seed]
-    return gaps
+    return stats.paired_gaps({r['config']['seed']: loss(r) for r in runs},
+                             {r['config']['seed']: loss(r) for r in ref_runs})
 
 
 def aggregate_table(groups):

@@ -23,6 +23,13 @@ def t_dist():
     return stats.t
 
 
+def paired_gaps(losses, ref):
+    """{seed: 100 (L - L_ref) / L_ref} for the seeds both {seed: loss} maps have a loss on: the
+    one pairing by seed that the report and the study tables use."""
+    return {seed: 100 * (loss - ref[seed]) / ref[seed] for seed, loss in losses.items()
+            if loss is not None and ref.get(seed) is not None}
+
+
 def mean_sd(values):
     values = list(values)
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else float('nan'))

@@ -45,13 +45,9 @@ class Context:
         return [r for r in runs if r is not None and r.name in self.results]
 
     def gaps(self, arm, ref, seeds, **extra):
-        """{seed: paired gap in %} for the seeds both have."""
-        out = {}
-        for seed in seeds:
-            x, y = self.loss(self.at(arm, seed, **extra)), self.loss(self.at(ref, seed, **extra))
-            if x is not None and y is not None:
-                out[seed] = 100 * (x - y) / y
-        return out
+        """{seed: paired gap in %} for the seeds both have (stats.paired_gaps)."""
+        return stats.paired_gaps({s: self.loss(self.at(arm, s, **extra)) for s in seeds},
+                                 {s: self.loss(self.at(ref, s, **extra)) for s in seeds})
 
     def tuning_runs(self, arm):
         return S.tune(self.s, arm, self.results, self.plan.chosen)[0]
