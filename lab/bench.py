@@ -25,7 +25,7 @@ import bench
 from bench import batches, sync, timed_step, variant_config, write_results
 from common import (UserError, parse_config, read_jsonl, run_main, setup_device, write_json,
                     write_text)
-from lab import probes
+from lab import markdown as md, probes
 from model import GPT, KVCache, causal_mask
 
 DEFAULTS = dict(
@@ -320,9 +320,8 @@ def bench_summary(c):
 
 def summary_markdown(s):
     rows = [f"GPU check, {s['date']}", '',
-            '| variant | device | dtype | compile | ms/step | tokens/s | MFU '
-            '| step time vs baseline | FLOP ratio | peak MB |',
-            '|---|---|---|---|---|---|---|---|---|---|']
+            *md.head('variant', 'device', 'dtype', 'compile', 'ms/step', 'tokens/s', 'MFU',
+                     'step time vs baseline', 'FLOP ratio', 'peak MB')]
     base = s['train'][0] if s['train'] else None
     for r in s['train']:
         mfu = f"{100 * r['mfu']:.1f}%" if r['mfu'] is not None else '-'

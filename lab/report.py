@@ -23,7 +23,7 @@ import torch
 
 from common import (UserError, atomic_write, load_checkpoint, parse_config, read_json, read_jsonl,
                     run_main, write_text)
-from lab import stats
+from lab import markdown as md, stats
 from lab.variants import variants
 from model import GPT, GPTConfig
 
@@ -109,9 +109,8 @@ def final(run):
 def table(runs):
     ref, warning = final(runs[0]), mismatch(runs)
     rows = ([warning, ''] if warning else []) + [
-        "| run | variant | params | tokens | final val loss (full split) "
-        "| best val loss (fixed windows) | vs first | tokens/s (median) |",
-        "|---|---|---|---|---|---|---|---|"]
+        *md.head('run', 'variant', 'params', 'tokens', 'final val loss (full split)',
+                 'best val loss (fixed windows)', 'vs first', 'tokens/s (median)')]
     for r, variant in zip(runs, describe(runs)):
         speeds = [e['tokens_per_s'] for e in r['steps'] if e.get('tokens_per_s')]
         speed = f"{statistics.median(speeds):,.0f}" if speeds else "-"
@@ -149,10 +148,9 @@ def aggregate_table(groups):
     across the table's comparisons, equivalence within +-MARGIN %)."""
     (ref_name, ref_runs), others = next(iter(groups.items())), list(groups.items())[1:]
     found = stats.compare([list(paired_gaps(ref_runs, runs).values()) for _, runs in others])
-    rows = [f"| variant | weight decay | seeds | final val loss (mean +- sd) "
-            f"| paired gap to {ref_name} (mean +- sd) | interval (Holm level) | p (Holm) "
-            "| verdict |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = md.head('variant', 'weight decay', 'seeds', 'final val loss (mean +- sd)',
+                   f'paired gap to {ref_name} (mean +- sd)', 'interval (Holm level)', 'p (Holm)',
+                   'verdict')
     for i, (name, runs) in enumerate(groups.items()):
         mean, sd = stats.mean_sd(final(r) for r in runs)
         wd = ', '.join(sorted({f"{r['config']['weight_decay']:g}" for r in runs}))
@@ -173,7 +171,7 @@ def sweep_table(runs):
     same weight decay (matched lambda) beside it."""
     cells = {(r['arm'].split('_wd')[0], r['config']['weight_decay']): r for r in runs}
     arms = list(dict.fromkeys(a for a, _ in cells))
-    rows = ["| weight decay | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|"]
+    rows = md.head('weight decay', *arms)
     for wd in sorted({w for _, w in cells}):
         ref = cells.get((arms[0], wd))
         row = [f"{wd:g}"]

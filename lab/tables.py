@@ -8,7 +8,7 @@ import math
 import os
 
 from common import read_json, read_jsonl
-from lab import plan as S, stats
+from lab import markdown as md, plan as S, stats
 from model import GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -117,8 +117,7 @@ def tuning_table(ctx, arms=None):
     arms = arms or [a for a in ctx.s.arms if 'grid' in ctx.s.arm(a)]
     seeds = S.tuning_seeds(ctx.s, arms[0])
     rows = lr_rows(ctx, arms, lambda arm: sorted({r.lr for r in ctx.tuning_runs(arm)}))
-    out = ["| arm | weight decay | peak LR | " + " | ".join(f"seed {s}" for s in seeds) +
-           " | mean | |", "|---|---|---|" + "---|" * len(seeds) + "---|---|"]
+    out = md.head('arm', 'weight decay', 'peak LR', *(f"seed {s}" for s in seeds), 'mean', '')
     for r in rows:
         out.append(f"| {r['arm']} | {r['wd']:g} | {r['lr']:g} | " +
                    " | ".join(fmt_loss(x) for x in r['losses']) +
@@ -183,9 +182,8 @@ def stability_summary(mine, seeds):
 
 def stability_table(ctx, arms, above, figure):
     rows, seeds = stability_rows(ctx, arms), S.tuning_seeds(ctx.s, arms[0])
-    out = ["| arm | weight decay | LRs run | runs spiked or diverged (LR: seeds) "
-           "| largest LR with no spike | largest grad norm ÷ median, per LR |",
-           "|---|---|---|---|---|---|"]
+    out = md.head('arm', 'weight decay', 'LRs run', 'runs spiked or diverged (LR: seeds)',
+                  'largest LR with no spike', 'largest grad norm ÷ median, per LR')
     for arm in arms:
         mine = [r for r in rows if r['arm'] == arm and None not in r['states']]
         if not mine:
@@ -201,8 +199,7 @@ def stability_table(ctx, arms, above, figure):
     if high:
         out += ["", "Above the tuning grid (the stability phase): full val loss per selection "
                 "seed.", "",
-                "| arm | peak LR | " + " | ".join(f"seed {s}" for s in seeds) + " |",
-                "|---|---|" + "---|" * len(seeds)]
+                *md.head('arm', 'peak LR', *(f"seed {s}" for s in seeds))]
         out += [f"| {r['arm']} | {r['lr']:g} | " + " | ".join(map(fmt_loss, r['losses'])) + " |"
                 for r in high]
     shown = f'\n![final loss against peak LR, every seed]({figure})\n' if any(
@@ -237,8 +234,7 @@ def compared_arms(ctx, comparisons):
 
 
 def means_table(ctx, comparisons):
-    rows = ["| arm | peak LR | weight decay | seeds | full val loss, mean ± sd |",
-            "|---|---|---|---|---|"]
+    rows = md.head('arm', 'peak LR', 'weight decay', 'seeds', 'full val loss, mean ± sd')
     for arm, seeds in compared_arms(ctx, comparisons).items():
         runs = ctx.done(arm, seeds)
         if len(runs) == len(seeds):
@@ -255,9 +251,8 @@ def verdicts_table(ctx, comparisons, explain, margin=stats.MARGIN):
         f"{c['arm']} − {c['ref']} {len(g)} of {len(c['seeds'])}" for c, g in waiting) + ".\n"
     if all(r is None for r in found):
         return note
-    rows = ["| comparison | seeds | paired gap, mean ± sd | interval (level) | t p (Holm) "
-            "| sign-flip p | TOST ±0.3% p (Holm) | resolution | verdict |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = md.head('comparison', 'seeds', 'paired gap, mean ± sd', 'interval (level)',
+                   't p (Holm)', 'sign-flip p', 'TOST ±0.3% p (Holm)', 'resolution', 'verdict')
     for c, r in zip(comparisons, found):
         if r is not None:
             flag = " (t and sign-flip disagree at 0.05)" if r['flag'] else ""
@@ -298,10 +293,10 @@ def decisions_table(ctx, comparisons, family, margin, beside=()):
     found = stats.compare([unpaired_tests(ctx, c, margin) if c.get('unpaired') else
                            list(gaps[c['label']].values()) for c in comparisons], margin,
                           worse_margin=margin, family=family)
-    rows = [f"| comparison | seeds | paired gap, mean ± sd | interval (level) | t p (Holm) "
-            f"| sign-flip p | TOST ±{margin:g}% p (Holm) | not worse +{margin:g}% p (Holm) "
-            f"| smallest margin: not worse, matches | resolution | verdict |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = md.head('comparison', 'seeds', 'paired gap, mean ± sd', 'interval (level)',
+                   't p (Holm)', 'sign-flip p', f'TOST ±{margin:g}% p (Holm)',
+                   f'not worse +{margin:g}% p (Holm)', 'smallest margin: not worse, matches',
+                   'resolution', 'verdict')
     for c, r in zip(comparisons, found):
         rows.append(decision_row(c.get('name') or pair_name(c), r))
     for c in [dict(c, unpaired=False) for c in comparisons if c.get('unpaired')] + list(beside):
@@ -379,8 +374,7 @@ def trajectory_table(ctx, comparisons, figure=None, every=None):
     if not comps:
         return note
     steps = sorted(next(iter(comps[0][1].values())))
-    rows = ["| step | " + " | ".join(f"{pair_name(c)}, mean [95% interval]"
-                                     for c, _ in comps) + " |", "|---|" + "---|" * len(comps)]
+    rows = md.head('step', *(f"{pair_name(c)}, mean [95% interval]" for c, _ in comps))
     for step in (k for k in steps if not every or k % every == 0):
         rows.append(f"| {step} | " + " | ".join(interval_cell([series[s][step] for s in series])
                                                 for _, series in comps) + " |")
@@ -399,8 +393,7 @@ def budget_gap_table(ctx, arm, ref, seeds, budget):
     if len(runs) < 2 * len(seeds) or done < len(runs):
         return f"Not yet: {done} of {2 * len(seeds)} runs at {budget:g}× have finished.\n"
     short, longer = ctx.gaps(arm, ref, seeds), ctx.gaps(arm, ref, seeds, budget=budget)
-    rows = [f"| budget | paired gap {arm} − {ref}, mean [95% interval] | per seed |",
-            "|---|---|---|"]
+    rows = md.head('budget', f'paired gap {arm} − {ref}, mean [95% interval]', 'per seed')
     for label, gaps in (("1×", short), (f"{budget:g}×", longer)):
         rows.append(f"| {label} | {interval_cell(list(gaps.values()))} | " +
                     ", ".join(f"{s}: {pct(g)}" for s, g in sorted(gaps.items())) + " |")
@@ -433,9 +426,9 @@ def seed_phase_table(ctx, comparison, reference, threshold):
     runs = {s: (ctx.at(c['ref'], s), ctx.at(c['arm'], s)) for s in seeds}
     if any(ctx.loss(x) is None for pair in runs.values() for x in pair):
         return f"Not yet: {pair_name(c)} on every seed of {seeds[0]}–{seeds[-1]}.\n"
-    rows = [f"| seed | {c['ref']} | {c['arm']} | gap | strongest induction head at the end "
-            f"({c['ref']}, {c['arm']}) | first step at {threshold:g} ({c['ref']}, {c['arm']}) |",
-            "|---|---|---|---|---|---|"]
+    rows = md.head('seed', c['ref'], c['arm'], 'gap',
+                   f"strongest induction head at the end ({c['ref']}, {c['arm']})",
+                   f"first step at {threshold:g} ({c['ref']}, {c['arm']})")
     gaps, scores = [], []
     for s, (ref, arm) in runs.items():
         curves = [induction_curve(ctx.log(r)) for r in (ref, arm)]
@@ -447,8 +440,8 @@ def seed_phase_table(ctx, comparison, reference, threshold):
                     f"{ends[0]:.3f}, {ends[1]:.3f} | "
                     + ', '.join('never' if x is None else str(x) for x in starts) + " |")
     r, p = pearsonr(scores, gaps)
-    lines = ["| pair | seeds | sd of the final loss, ref, arm | r between the arms' losses |",
-             "|---|---|---|---|"]
+    lines = md.head('pair', 'seeds', 'sd of the final loss, ref, arm',
+                    "r between the arms' losses")
     for pair in (reference, c):
         done = [(ctx.loss(ctx.at(pair['ref'], s)), ctx.loss(ctx.at(pair['arm'], s)))
                 for s in pair['seeds']]
@@ -486,9 +479,9 @@ def induction_table(ctx, arms, seeds, threshold, figure):
         return note
     curves = {a: {r.seed: induction_curve(ctx.log(r)) for r in ctx.done(a, seeds)} for a in done}
     ref_on = {s: onset(c, threshold) for s, c in curves[arms[0]].items()}
-    rows = [f"| arm | step the strongest head passes {threshold} (mean; per seed) "
-            "| its largest score in the run | its score at the end | repeat loss at the end "
-            "| onset − baseline's, mean [95% interval] |", "|---|---|---|---|---|---|"]
+    rows = md.head('arm', f'step the strongest head passes {threshold} (mean; per seed)',
+                   'its largest score in the run', 'its score at the end',
+                   'repeat loss at the end', "onset − baseline's, mean [95% interval]")
     for arm in done:
         on = {s: onset(c, threshold) for s, c in curves[arm].items()}
         end = [c[max(c)] for c in curves[arm].values()]
@@ -512,7 +505,7 @@ def dtype_table(ctx, arm, seeds, dtype):
     med = {k: v[len(v) // 2] for k, v in (('fp32', step_ms(fp32)), ('bf16', step_ms(other)))}
     gaps = {s: 100 * (ctx.loss(b) - ctx.loss(a)) / ctx.loss(a) for s, a, b in zip(seeds, fp32,
                                                                                  other)}
-    return (f"| | float32 | bf16 autocast |\n|---|---|---|\n"
+    return ('\n'.join(md.head('', 'float32', 'bf16 autocast')) + '\n'
             f"| median step time (ms, every logged step of "
             f"{len(seeds)} runs) | {med['fp32']:.1f} | {med['bf16']:.1f} |\n"
             f"| full val loss, mean | {sum(map(ctx.loss, fp32)) / len(fp32):.4f} | "
@@ -537,7 +530,7 @@ def stability_word(ctx, arms):
 def claims_table(ctx, comparisons, texts, stability):
     """The paper's claims, each with its comparison's verdict, and (iii) descriptive."""
     found = comparison_stats(ctx, comparisons, stats.MARGIN)[0]
-    rows = ["| claim | tested here as | verdict | resolution |", "|---|---|---|---|"]
+    rows = md.head('claim', 'tested here as', 'verdict', 'resolution')
     for r, c in zip(found, comparisons):
         verdict = "not yet" if r is None else f"**{r['verdict']}** ({pct(r['mean'])})"
         res = "" if r is None else f"{r['mde']:.2f}% (n = {r['n']})"
@@ -557,8 +550,8 @@ def claims_table(ctx, comparisons, texts, stability):
 def rerun_table(ctx, arms, seed, tag):
     """Each arm's run repeated under `tag` against the committed one: the full val loss of each,
     their difference, and the largest difference of the fixed-window losses on the way."""
-    rows = ["| arm | seed | full val loss | repeated here | difference | largest difference on "
-            "the way |", "|---|---|---|---|---|---|"]
+    rows = md.head('arm', 'seed', 'full val loss', 'repeated here', 'difference',
+                   'largest difference on the way')
     for arm in arms:
         a, b = ctx.at(arm, seed), ctx.at(arm, seed, tag=tag)
         if ctx.loss(a) is None or ctx.loss(b) is None:
@@ -630,8 +623,7 @@ def lag_table(ctx, comparisons, levels, figure=None, changes=False):
     (mean [95% interval] over the paired seeds), and their mean from the second level down;
     with `changes`, how that mean moves from each comparison to the next (lag_changes)."""
     rows, waiting, complete = [], [], []
-    header = "| comparison | " + " | ".join(f"{lv:g}" for lv in levels) + \
-        f" | mean, {levels[1]:g} and below |"
+    header = md.head('comparison', *(f"{lv:g}" for lv in levels), f"mean, {levels[1]:g} and below")
     for c in comparisons:
         lags = complete_lags(ctx, c, levels)
         if lags is None:
@@ -647,7 +639,7 @@ def lag_table(ctx, comparisons, levels, figure=None, changes=False):
     if not rows:
         return note
     shown = f"\n![the step lag at each loss level]({figure})\n" if figure else ""
-    return ('\n'.join([header, "|---|" + "---|" * (len(levels) + 1)] + rows) +
+    return ('\n'.join(header + rows) +
             "\n\nSteps the arm needs beyond its reference to reach each fixed-window val loss "
             "(a crossing interpolated between evaluations); positive: the arm is later.\n"
             + (lag_changes(complete, levels[1:]) if changes else "")
@@ -657,8 +649,8 @@ def lag_table(ctx, comparisons, levels, figure=None, changes=False):
 def lag_changes(complete, levels):
     """Seed by seed, the change of the mean lag from each comparison to the next, over the
     levels both reach and the seeds both have."""
-    rows = ["| change of the mean lag | levels | seeds | mean [95% interval], steps | t p "
-            "| shorter on |", "|---|---|---|---|---|---|"]
+    rows = md.head('change of the mean lag', 'levels', 'seeds', 'mean [95% interval], steps',
+                   't p', 'shorter on')
     for (before, first), (after, second) in zip(complete, complete[1:]):
         used = [lv for lv in levels if lv in first and lv in second]
         seeds = sorted(set(first[used[0]]) & set(second[used[0]])) if used else []
@@ -689,8 +681,7 @@ def seed_lag_table(ctx, comparisons, levels):
             return f"Not yet: {c['arm']} − {c['ref']} lacks seeds.\n"
         columns.append(mean_lags(lags, levels[1:]))
     seeds = sorted(columns[0])
-    rows = ["| seed | " + " | ".join(f"{c['arm']} − {c['ref']}" for c in comparisons) + " |",
-            "|---|" + "---|" * len(comparisons)]
+    rows = md.head('seed', *(f"{c['arm']} − {c['ref']}" for c in comparisons))
     rows += [f"| {s} | " + " | ".join(f"{col[s]:+.0f}" for col in columns) + " |" for s in seeds]
     rows.append("| mean [95% interval] | " + " | ".join(steps_cell(list(col.values()))
                                                         for col in columns) + " |")
@@ -717,7 +708,7 @@ def logits_table(ctx, arms, seeds, steps):
     cols = [f"{name} at {k}" for name in ("layer-0 logit std", "mean logit std",
                                           "layer-0 entropy / ln t", "mean entropy / ln t")
             for k in steps]
-    rows = ["| arm | scale | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    rows = md.head('arm', 'scale', *cols)
     for arm in done:
         cells = [diag_mean(ctx, arm, seeds, k, key, layer) for key, layer in
                  (('logit_std', 0), ('logit_std', None), ('entropy_norm', 0),
@@ -740,8 +731,7 @@ def learned_scale_table(ctx, arm, seeds, steps):
         return f"Not logged: {arm}'s runs do not all log their learned scale at steps " \
                f"{', '.join(map(str, steps))}.\n"
     layers, heads_each = len(at[runs[0].seed, steps[0]]), len(at[runs[0].seed, steps[0]][0])
-    rows = ["| layer | " + " | ".join(f"scale at {k}, mean [lowest, highest]" for k in steps)
-            + " |", "|---|" + "---|" * len(steps)]
+    rows = md.head('layer', *(f"scale at {k}, mean [lowest, highest]" for k in steps))
     for layer in range(layers):
         cells = []
         for k in steps:
@@ -776,9 +766,9 @@ def budgets_table(ctx, comparisons, references, params, margin=stats.MARGIN):
             r = comparison_stats(ctx, [dict(c, family=c['label'])], margin)[0][0]
         rows_of.append((c, r, alone))
     base = S.base_config(ctx.s)
-    rows = ["| schedule | steps | tokens | tokens per parameter | peak LR (ref, arm) "
-            "| paired gap, mean ± sd | interval (level) | t p (Holm) | resolution | verdict |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = md.head('schedule', 'steps', 'tokens', 'tokens per parameter', 'peak LR (ref, arm)',
+                   'paired gap, mean ± sd', 'interval (level)', 't p (Holm)', 'resolution',
+                   'verdict')
     for c, r, alone in rows_of:
         if r is None:
             rows.append(f"| {c['label']} | | | | | not yet | | | | |")
@@ -795,8 +785,8 @@ def budgets_table(ctx, comparisons, references, params, margin=stats.MARGIN):
 def budget_changes(ctx, schedules):
     """Seed by seed, how much the paired gap moves from each schedule to the next, on the seeds
     both have: a difference of two gaps, so outside their Holm family."""
-    rows = ["| change of the paired gap | seeds | mean [95% interval], points of % | t p "
-            "| gap larger on |", "|---|---|---|---|---|"]
+    rows = md.head('change of the paired gap', 'seeds', 'mean [95% interval], points of %',
+                   't p', 'gap larger on')
     for before, after in zip(schedules, schedules[1:]):
         first = ctx.gaps(before['arm'], before['ref'], before['seeds'])
         second = ctx.gaps(after['arm'], after['ref'], after['seeds'])
@@ -832,10 +822,9 @@ def climb_table(ctx, arms, lrs, stall=0.8):
     evaluations; and its largest gradient norm after warmup over the median, on every 10th step
     (what v3's climbs logged, so the arms compare on one footing) and, where logged, on every."""
     warmup = ctx.warmup()
-    rows = ["| arm | weight decay | peak LR | seed | full val loss | end ÷ step 100 | state "
-            "| rises of the fixed-window loss (step: %) | grad norm max ÷ median, every 10th step "
-            "(every step) |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = md.head('arm', 'weight decay', 'peak LR', 'seed', 'full val loss', 'end ÷ step 100',
+                   'state', 'rises of the fixed-window loss (step: %)',
+                   'grad norm max ÷ median, every 10th step (every step)')
     for arm in arms:
         wd = ctx.s.arm(arm)['weight_decay']
         for lr in lrs:

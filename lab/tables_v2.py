@@ -6,14 +6,14 @@ the init geometry and the LR grid's resolution.
 import math
 import os
 
-from lab import plan as S, stats
+from lab import markdown as md, plan as S, stats
 from lab.tables import fmt_p, gap_cells, interval_cell, pct
 
 
 def wd_lr_tuning_table(ctx, arms):
     """Every tuning run (weight decay at the starting LR, then LR), the selection, and whether
     each optimum is bracketed."""
-    rows = ["| arm | peak LR | weight decay | full val loss | |", "|---|---|---|---|---|"]
+    rows = md.head('arm', 'peak LR', 'weight decay', 'full val loss', '')
     lr_start = ctx.s.tuning['lr_start']
     for arm in arms:
         runs, chosen = ctx.tuning_runs(arm), ctx.plan.chosen.get(arm)
@@ -42,9 +42,9 @@ def arm_verdicts_table(ctx, arms, seeds, margin=stats.MARGIN):
         done = sum(len(ctx.done(a, seeds)) for a in arms)
         return f"Not yet: {done} of {len(arms) * len(seeds)} test runs have finished.\n"
     found = stats.compare([list(g.values()) for g in gap_sets], margin)
-    rows = ["| arm | peak LR | weight decay | full val loss, mean ± sd | paired gap, mean ± sd "
-            "| interval (level) | t p (Holm) | sign-flip p | TOST ±0.3% p (Holm) | verdict |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = md.head('arm', 'peak LR', 'weight decay', 'full val loss, mean ± sd',
+                   'paired gap, mean ± sd', 'interval (level)', 't p (Holm)', 'sign-flip p',
+                   'TOST ±0.3% p (Holm)', 'verdict')
     for i, arm in enumerate(arms):
         runs = ctx.done(arm, seeds)
         m, sd = stats.mean_sd(ctx.loss(r) for r in runs)
@@ -84,7 +84,7 @@ def trend_table(ctx, pair, budgets, seeds, figure):
     series, slopes = seed_slopes(ctx, pair, budgets, seeds)
     if len(slopes) < len(seeds):
         return f"Not yet: {len(slopes)} of {len(seeds)} seeds have all three budgets.\n"
-    rows = [f"| tokens | paired gap {pair[1]} − {pair[0]}, mean [95% interval] |", "|---|---|"]
+    rows = md.head('tokens', f'paired gap {pair[1]} − {pair[0]}, mean [95% interval]')
     for i, (tokens, _) in enumerate(series[seeds[0]]):
         rows.append(f"| {tokens:,} | {interval_cell([series[s][i][1] for s in seeds])} |")
     rows.append(f"| slope per doubling of tokens | {interval_cell(list(slopes.values()))} |")
@@ -102,8 +102,7 @@ def geometry_table(ctx, pair, seeds, init_std, figure):
     if len(wide) < len(seeds) or len(std) < len(seeds):
         return f"Not yet: {len(wide)} of {len(seeds)} seeds at init_std {init_std:g}.\n"
     base = S.base_config(ctx.s)
-    rows = [f"| init_std | σ·√d | paired gap {pair[1]} − {pair[0]}, mean [95% interval] |",
-            "|---|---|---|"]
+    rows = md.head('init_std', 'σ·√d', f'paired gap {pair[1]} − {pair[0]}, mean [95% interval]')
     for value, gaps in ((base['init_std'], std), (init_std, wide)):
         rows.append(f"| {value:g} | {value * base['n_embd'] ** 0.5:.2f} "
                     f"| {interval_cell(list(gaps.values()))} |")
@@ -121,8 +120,8 @@ def refine_table(ctx, arms, seed, factors):
     done = [r for r in named if r.name in ctx.results]
     if not named or len(done) < len(factors) * len(arms):
         return f"Not yet: {len(done)} of {len(factors) * len(arms)} runs have finished.\n"
-    rows = ["| arm | weight decay | loss at LR ÷√2, selected, ×√2 | best on the finer grid "
-            f"| gain | gap to {arms[0]}: selected → finer best |", "|---|---|---|---|---|---|"]
+    rows = md.head('arm', 'weight decay', 'loss at LR ÷√2, selected, ×√2',
+                   'best on the finer grid', 'gain', f'gap to {arms[0]}: selected → finer best')
     best, moved = {}, []
     for arm in arms:
         lr, wd = ctx.plan.chosen[arm]
@@ -160,8 +159,7 @@ def pilot_table(ctx, folder):
     if not runs:
         return "Not yet: no pilot run is committed.\n"
     seeds = sorted({int(n.rsplit('_s', 1)[1]) for n in runs})
-    rows = ["| arm | seed | learned positions | RoPE + QK-norm | modern − plain |",
-            "|---|---|---|---|---|"]
+    rows = md.head('arm', 'seed', 'learned positions', 'RoPE + QK-norm', 'modern − plain')
     fmt = lambda x: '-' if x is None else f"{x:.4f}"
     for arm in ('baseline', 'reduced'):
         for s in seeds:
