@@ -4,14 +4,14 @@ A study's write-up: the generated blocks of its docs (between `<!-- generated: N
 
     python -m lab.study lab/studies/*.py --report=True
 
-Each block is a kind of table (lab/tables.py, lab/tables_v2.py) and each figure a kind of
-figure (lab/figures.py), named with its parameters in the study file's `tables` and `figures`.
+Each block is a kind of table (lab/tables.py) and each figure a kind of figure (lab/figures.py),
+named with its parameters in the study file's `tables` and `figures`.
 """
 import os
 import re
 
 from common import UserError, write_text
-from lab import figures, tables, tables_v2
+from lab import figures, tables
 from lab.tables import Context
 
 TABLES = dict(tuning=tables.tuning_table, stability=tables.stability_table,
@@ -21,7 +21,11 @@ TABLES = dict(tuning=tables.tuning_table, stability=tables.stability_table,
               dtype=tables.dtype_table, claims=tables.claims_table, rerun=tables.rerun_table,
               lag=tables.lag_table, seed_lags=tables.seed_lag_table, logits=tables.logits_table,
               learned_scale=tables.learned_scale_table, seed_phase=tables.seed_phase_table,
-              budgets=tables.budgets_table, climb=tables.climb_table, **tables_v2.TABLES)
+              budgets=tables.budgets_table, climb=tables.climb_table,
+              wd_lr_tuning=tables.wd_lr_tuning_table, arm_verdicts=tables.arm_verdicts_table,
+              trend=tables.trend_table, geometry=tables.geometry_table,
+              refine=tables.refine_table, diagnostics_note=tables.diagnostics_note,
+              pilot=tables.pilot_table)
 BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
 
 

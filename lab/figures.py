@@ -6,7 +6,7 @@ runs are committed. Colours are the variants' own (lab/report.py's variant_color
 import math
 
 from lab import plan as S, report, stats, tables
-from lab.tables_v2 import geometry_gaps, seed_slopes
+from lab.tables import geometry_gaps, seed_slopes
 
 
 def trend_figure(ctx, path, pair, budgets, seeds):

@@ -1,8 +1,8 @@
 """
 A study's tables, from its committed logs alone: each generated block of its docs is a kind of
-table (lab/docs.py names them) with the parameters the study file's `tables` gives it. A block
-says "Not yet" until the runs it needs are committed. The Context below reads a study's
-committed runs once; the v2 kinds and the figures use it too.
+table (lab/docs.py names them) with the parameters the study file's `tables` gives it, grouped
+here by what they show. A block says "Not yet" until the runs it needs are committed. The
+Context below reads a study's committed runs once; the figures use it too.
 """
 import math
 import os
@@ -11,9 +11,9 @@ from common import read_json, read_jsonl
 from lab import markdown as md, plan as S, stats
 from model import GPTConfig
 
-# -----------------------------------------------------------------------------
-# a study's committed runs, read once
 
+# -----------------------------------------------------------------------------
+# a study's committed runs, read once, and the cells every table formats
 
 class Context:
     """A study's committed results, its plan given them, and each run's log read once."""
@@ -86,12 +86,35 @@ def gap_cells(r):
             f"{fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])})")
 
 
+def steps_cell(values):
+    m, lo, hi = stats.interval95(values)
+    return f"{m:+.0f} [{lo:+.0f}, {hi:+.0f}]"
+
+
 def eval_series(log, key='val_loss'):
     return {e['iter']: e[key] for e in log if key in e}
 
 
+def pair(ctx, c, seed):
+    """(the arm's run, its reference's run) of a comparison on a seed: each at its selected LR,
+    or at the LRs c['lrs'] names (tuning runs, to compare two arms at one LR)."""
+    if 'lrs' in c:
+        return tuple(S.Run(arm, lr, ctx.s.arm(arm)['weight_decay'], seed)
+                     for arm, lr in zip((c['arm'], c['ref']), c['lrs']))
+    extra = dict(budget=c.get('budget', 1.0))
+    return ctx.at(c['arm'], seed, **extra), ctx.at(c['ref'], seed, **extra)
+
+
+def pair_name(c):
+    """A comparison as the tables and figures name it: its label, the arm − its reference, and
+    the LRs where it names them."""
+    if 'lrs' in c:
+        return f"{c['label']} {c['arm']} at {c['lrs'][0]:g} − {c['ref']} at {c['lrs'][1]:g}"
+    return f"{c['label']} {c['arm']} − {c['ref']}"
+
+
 # -----------------------------------------------------------------------------
-# tuning on several seeds, and stability (v3, v4)
+# tuning: the LR (and weight decay) selected on the selection seeds
 
 def lr_rows(ctx, arms, lrs_of, states=False):
     """A row per arm and LR in lrs_of(arm): every tuning seed's loss (and with states, each run's
@@ -129,6 +152,61 @@ def tuning_table(ctx, arms=None):
             out.append(f"| {arm} | | {lr:g} | " + " | " * len(seeds) + f" | {word} |")
     return '\n'.join(out) + '\n'
 
+
+def wd_lr_tuning_table(ctx, arms):
+    """Every tuning run (weight decay at the starting LR, then LR), the selection, and whether
+    each optimum is bracketed."""
+    rows = md.head('arm', 'peak LR', 'weight decay', 'full val loss', '')
+    lr_start = ctx.s.tuning['lr_start']
+    for arm in arms:
+        runs, chosen = ctx.tuning_runs(arm), ctx.plan.chosen.get(arm)
+        for r in runs:
+            loss = ctx.results.get(r.name)
+            mark = "**selected**" if chosen == (r.lr, r.wd) else ""
+            cell = '-' if loss is None else f'{loss:.4f}'
+            rows.append(f"| {arm} | {r.lr:g} | {r.wd:g} | {cell} | {mark} |")
+        if chosen is not None:
+            lrs = {r.lr for r in runs if r.wd == chosen[1]}
+            wds = {r.wd for r in runs if r.lr == lr_start}
+            edges = [n for n, v, grid in (('LR', chosen[0], lrs), ('weight decay', chosen[1], wds))
+                     if v in (min(grid), max(grid)) and v != 0]
+            word = 'on the edge: ' + ', '.join(edges) if edges else 'bracketed'
+            edge = ' (weight decay 0: the edge of its domain)' if chosen[1] == 0 else ''
+            rows.append(f"| {arm} | | | | {word}{edge} |")
+    return '\n'.join(rows) + '\n'
+
+
+def refine_table(ctx, arms, seed, factors):
+    """The LR grid's resolution: each arm at its selected LR and its neighbours on seed."""
+    named = [S.Run(a, S.grid_value(ctx.plan.chosen[a][0] * f), ctx.plan.chosen[a][1], seed)
+             for a in arms if a in ctx.plan.chosen for f in factors]
+    done = [r for r in named if r.name in ctx.results]
+    if not named or len(done) < len(factors) * len(arms):
+        return f"Not yet: {len(done)} of {len(factors) * len(arms)} runs have finished.\n"
+    rows = md.head('arm', 'weight decay', 'loss at LR ÷√2, selected, ×√2',
+                   'best on the finer grid', 'gain', f'gap to {arms[0]}: selected → finer best')
+    best, moved = {}, []
+    for arm in arms:
+        lr, wd = ctx.plan.chosen[arm]
+        runs = sorted([S.Run(arm, lr, wd, seed)] + [r for r in named if r.arm == arm],
+                      key=lambda r: r.lr)
+        losses = {r.lr: ctx.loss(r) for r in runs}
+        top = min(losses, key=losses.get)
+        best[arm] = (losses[lr], losses[top])
+        if top != lr:
+            moved.append(arm)
+        gaps = "(reference)" if arm == arms[0] else ' → '.join(
+            pct(100 * (best[arm][i] - best[arms[0]][i]) / best[arms[0]][i]) for i in (0, 1))
+        grid = ', '.join(f"{v:g}: {losses[v]:.4f}" for v in losses)
+        rise = pct(100 * (losses[top] - losses[lr]) / losses[lr])
+        rows.append(f"| {arm} | {wd:g} | {grid} | {top:g} | {rise} | {gaps} |")
+    verdict = (f"**grid-sensitive**: {', '.join(moved)}" if moved
+               else "no arm's best moves on the finer grid")
+    return '\n'.join(rows) + f"\n\n{verdict}.\n"
+
+
+# -----------------------------------------------------------------------------
+# stability: spikes, divergence and the climb of the LR
 
 def spikes(log, warmup):
     """{step: rise in %} after warmup where the run spiked by v3's (amended) definition: the loss
@@ -207,8 +285,68 @@ def stability_table(ctx, arms, above, figure):
     return '\n'.join(out) + '\n' + shown
 
 
+def stability_word(ctx, arms):
+    """Claim (iii)'s cell: per arm, the largest LR with no spike once its LRs have all finished."""
+    grid, words = stability_rows(ctx, arms), []
+    for arm in arms:
+        mine = [r for r in grid if r['arm'] == arm]
+        if not mine or any(None in r['states'] for r in mine):
+            words.append(f"{arm} not yet")
+            continue
+        _, lr, clean = stability_summary(mine, S.tuning_seeds(ctx.s, arm))
+        words.append(f"{arm} {'none' if lr is None else f'{lr:g}'}{'+' if clean else ''}")
+    return "; ".join(words)
+
+
+def climb_table(ctx, arms, lrs, stall=0.8):
+    """Every run of a climb, each described by its log: diverged; stalled (its fixed-window loss
+    at the end above `stall` of its value at step 100); every rise of that loss between two
+    evaluations; and its largest gradient norm after warmup over the median, on every 10th step
+    (what v3's climbs logged, so the arms compare on one footing) and, where logged, on every."""
+    warmup = ctx.warmup()
+    rows = md.head('arm', 'weight decay', 'peak LR', 'seed', 'full val loss', 'end ÷ step 100',
+                   'state', 'rises of the fixed-window loss (step: %)',
+                   'grad norm max ÷ median, every 10th step (every step)')
+    for arm in arms:
+        wd = ctx.s.arm(arm)['weight_decay']
+        for lr in lrs:
+            for seed in ctx.s.tuning['seeds']:
+                run = S.Run(arm, lr, wd, seed)
+                loss = ctx.results.get(run.name)
+                if loss is None:
+                    continue
+                rows.append(climb_row(ctx, run, loss, warmup, stall))
+    return '\n'.join(rows) + '\n'
+
+
+def climb_row(ctx, run, loss, warmup, stall):
+    if math.isinf(loss):
+        return f"| {run.arm} | {run.wd:g} | {run.lr:g} | {run.seed} | diverged | | diverged | | |"
+    log = ctx.log(run)
+    ratio, rises = end_ratio(log), spikes(log, warmup)
+    state = 'stalled' if ratio > stall else 'learning'
+    grad = f"{grad_ratio(log, warmup, every=10):.1f}"
+    if log_every(log) == 1:  # logged at every step: the worst step, beside the common footing
+        grad += f" ({grad_ratio(log, warmup):.1f})"
+    listed = ', '.join(f"{k}: {pct(v)}" for k, v in rises.items()) or 'none'
+    return (f"| {run.arm} | {run.wd:g} | {run.lr:g} | {run.seed} | {loss:.4f} | {ratio:.2f} | "
+            f"{state} | {listed} | {grad} |")
+
+
+def end_ratio(log):
+    """The fixed-window val loss at the end over its value at step 100: how much a run learned
+    after its first 100 steps."""
+    series = eval_series(log)
+    return series[max(series)] / series[100]
+
+
+def log_every(log):
+    steps = [e['iter'] for e in log if 'loss' in e]
+    return steps[1] - steps[0] if len(steps) > 1 else 1
+
+
 # -----------------------------------------------------------------------------
-# paired comparisons on the test seeds (v3, v4)
+# paired comparisons on the test seeds, and their verdicts
 
 def comparison_stats(ctx, comparisons, margin):
     """stats.compare's dict per comparison, None while it lacks seeds: each family (Holm within
@@ -262,6 +400,37 @@ def verdicts_table(ctx, comparisons, explain, margin=stats.MARGIN):
                         f"**{r['verdict']}**{flag} |")
     return ('\n'.join(means_table(ctx, comparisons)) + '\n\n' + '\n'.join(rows) + '\n\n' + explain
             + '\n' + ("\n" + note if note else ""))
+
+
+def arm_verdicts_table(ctx, arms, seeds, margin=stats.MARGIN):
+    """Every arm against the first on the test seeds, Holm across the comparisons."""
+    if any(a not in ctx.plan.chosen for a in arms):
+        return "Not yet: the test runs are named once every arm's tuning has finished.\n"
+    gap_sets = [ctx.gaps(arm, arms[0], seeds) for arm in arms[1:]]
+    if any(len(g) < len(seeds) for g in gap_sets):
+        done = sum(len(ctx.done(a, seeds)) for a in arms)
+        return f"Not yet: {done} of {len(arms) * len(seeds)} test runs have finished.\n"
+    found = stats.compare([list(g.values()) for g in gap_sets], margin)
+    rows = md.head('arm', 'peak LR', 'weight decay', 'full val loss, mean ± sd',
+                   'paired gap, mean ± sd', 'interval (level)', 't p (Holm)', 'sign-flip p',
+                   'TOST ±0.3% p (Holm)', 'verdict')
+    for i, arm in enumerate(arms):
+        runs = ctx.done(arm, seeds)
+        m, sd = stats.mean_sd(ctx.loss(r) for r in runs)
+        head = (f"| {arm} | {runs[0].lr:g} | {runs[0].wd:g} | {m:.4f} ± {sd:.4f} "
+                f"({100 * sd / m:.2f}%) |")
+        if i == 0:
+            rows.append(head + " (reference) | | | | | |")
+            continue
+        r = found[i - 1]
+        flag = " (t and sign-flip disagree at 0.05)" if r['flag'] else ""
+        rows.append(f"{head} {gap_cells(r)} | {fmt_p(r['p_perm'])} "
+                    f"| {fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) "
+                    f"| **{r['verdict']}**{flag} |")
+    noise = '; '.join(f"{arm} {found[i]['mde']:.2f}%" for i, arm in enumerate(arms[1:]))
+    return '\n'.join(rows) + (f"\n\nThe smallest gap this noise detects with 80% power "
+                              f"(n = {len(seeds)}, at the level 0.05/{len(arms) - 1}): "
+                              f"{noise}.\n")
 
 
 def decision_gaps(ctx, comparisons):
@@ -337,6 +506,26 @@ def decision_row(name, r):
             f"{r['mde']:.2f}% | **{r['verdict']}** |")
 
 
+def claims_table(ctx, comparisons, texts, stability):
+    """The paper's claims, each with its comparison's verdict, and (iii) descriptive."""
+    found = comparison_stats(ctx, comparisons, stats.MARGIN)[0]
+    rows = md.head('claim', 'tested here as', 'verdict', 'resolution')
+    for r, c in zip(found, comparisons):
+        verdict = "not yet" if r is None else f"**{r['verdict']}** ({pct(r['mean'])})"
+        res = "" if r is None else f"{r['mde']:.2f}% (n = {r['n']})"
+        rows.append(f"| {c['label']} {texts[c['label']]} | {c['arm']} − {c['ref']}, paired full "
+                    f"val loss | {verdict} | {res} |")
+    label, claim, tested = stability['label'], texts[stability['label']], stability['tested']
+    rows.append(f"| {label} {claim} | {tested} | descriptive: "
+                f"{stability_word(ctx, stability['arms'])} | the √2 grid |")
+    rows = rows[:2] + sorted(rows[2:], key=lambda row: row.split(' ')[1])
+    return '\n'.join(rows) + (f"\n\n{label}: `+` marks an arm none of whose runs spiked: its "
+                              "largest LR is a lower bound.\n")
+
+
+# -----------------------------------------------------------------------------
+# the gap over training and over budgets
+
 def trajectories(ctx, arm, ref, seeds, budget=1.0):
     """{seed: {step: paired gap % on the fixed val windows}} for the seeds both arms finished."""
     out = {}
@@ -401,8 +590,197 @@ def budget_gap_table(ctx, arm, ref, seeds, budget):
     return '\n'.join(rows) + '\n'
 
 
+def seed_slopes(ctx, pair, budgets, seeds):
+    """Per seed: [(tokens, gap %)] over the budgets and the full run, and the least-squares slope
+    of the gap per doubling of tokens."""
+    base = S.base_config(ctx.s)
+    tokens_full = S.tokens(base)
+    series = {}
+    for b in (*budgets, 1.0):
+        for seed, g in ctx.gaps(pair[1], pair[0], seeds, budget=b).items():
+            series.setdefault(seed, []).append((round(tokens_full * b), g))
+    slopes = {}
+    for seed, points in series.items():
+        if len(points) == len(budgets) + 1:
+            slopes[seed] = stats.slope([math.log2(t) for t, _ in points], [g for _, g in points])
+    return series, slopes
+
+
+def trend_table(ctx, pair, budgets, seeds, figure):
+    series, slopes = seed_slopes(ctx, pair, budgets, seeds)
+    if len(slopes) < len(seeds):
+        return f"Not yet: {len(slopes)} of {len(seeds)} seeds have all three budgets.\n"
+    rows = md.head('tokens', f'paired gap {pair[1]} − {pair[0]}, mean [95% interval]')
+    for i, (tokens, _) in enumerate(series[seeds[0]]):
+        rows.append(f"| {tokens:,} | {interval_cell([series[s][i][1] for s in seeds])} |")
+    rows.append(f"| slope per doubling of tokens | {interval_cell(list(slopes.values()))} |")
+    return '\n'.join(rows) + f'\n\n![the paired gap against the budget]({figure})\n'
+
+
+def budgets_table(ctx, comparisons, references, params, margin=stats.MARGIN):
+    """The paired gap at the end of each annealed budget (one Holm family), beside the same pair's
+    gap at v3's 1x schedule (`references`, which ends at 93.6% of the peak LR), with tokens per
+    parameter."""
+    found, gaps = comparison_stats(ctx, comparisons, margin)
+    # a reference is a family of its own; so is an annealed comparison whose seeds are in while
+    # its family's are not (unadjusted, and marked so)
+    rows_of = [(c, comparison_stats(ctx, [c], margin)[0][0], False) for c in references]
+    for c, r, g in zip(comparisons, found, gaps):
+        alone = r is None and len(g) == len(c['seeds'])
+        if alone:
+            r = comparison_stats(ctx, [dict(c, family=c['label'])], margin)[0][0]
+        rows_of.append((c, r, alone))
+    base = S.base_config(ctx.s)
+    rows = md.head('schedule', 'steps', 'tokens', 'tokens per parameter', 'peak LR (ref, arm)',
+                   'paired gap, mean ± sd', 'interval (level)', 't p (Holm)', 'resolution',
+                   'verdict')
+    for c, r, alone in rows_of:
+        if r is None:
+            rows.append(f"| {c['label']} | | | | | not yet | | | | |")
+            continue
+        schedule = schedule_of(ctx, c['arm'], base)
+        tokens = S.tokens(schedule)
+        lrs = f"{ctx.plan.chosen[c['ref']][0]:g}, {ctx.plan.chosen[c['arm']][0]:g}"
+        rows.append(f"| {c['label']} | {schedule['max_iters']} | {tokens / 1e6:.2f}M | "
+                    f"{tokens / params:.1f} | {lrs} | {gap_cells(r)} | {r['mde']:.2f}% | "
+                    f"**{r['verdict']}**{' (unadjusted: its family waits)' if alone else ''} |")
+    return '\n'.join(rows) + '\n' + budget_changes(ctx, [c for c, r, _ in rows_of if r])
+
+
+def budget_changes(ctx, schedules):
+    """Seed by seed, how much the paired gap moves from each schedule to the next, on the seeds
+    both have: a difference of two gaps, so outside their Holm family."""
+    rows = md.head('change of the paired gap', 'seeds', 'mean [95% interval], points of %',
+                   't p', 'gap larger on')
+    for before, after in zip(schedules, schedules[1:]):
+        first = ctx.gaps(before['arm'], before['ref'], before['seeds'])
+        second = ctx.gaps(after['arm'], after['ref'], after['seeds'])
+        seeds = sorted(set(first) & set(second))
+        if len(seeds) < 2:
+            continue
+        moves = [second[s] - first[s] for s in seeds]
+        m, lo, hi = stats.interval95(moves)
+        rows.append(f"| {after['label']} − {before['label']} | {seeds[0]}–{seeds[-1]} | "
+                    f"{pct(m)} [{pct(lo)}, {pct(hi)}] | {fmt_p(stats.tests(moves, 0)['p_t'])} "
+                    f"| {sum(x > 0 for x in moves)} of {len(seeds)} |")
+    if len(rows) == 2:
+        return ''
+    return ('\n' + '\n'.join(rows) + "\n\nEach seed's gap at the later schedule minus its gap "
+            "at the earlier one, with a 95% interval outside the Holm family; the schedules' LRs "
+            "differ, each tuned for its own.\n")
+
+
+def schedule_of(ctx, arm, base):
+    return dict(base, **ctx.s.arm(arm).get('settings', {}))
+
+
 # -----------------------------------------------------------------------------
-# the induction probe and the dtype check (v3)
+# the step lag: how much later the arm reaches each loss
+
+def crossing(series, level):
+    """The first step at which a loss curve {step: loss} reaches level, interpolated linearly
+    between the two evaluations around it; None if it never does."""
+    steps = sorted(series)
+    for a, b in zip(steps, steps[1:]):
+        if series[a] > level >= series[b]:
+            return a + (b - a) * (series[a] - level) / (series[a] - series[b])
+    return None
+
+
+def seed_lags(ctx, c, levels):
+    """{level: {seed: steps the arm needs beyond its reference to reach it}} on the levels every
+    run of both arms reaches, and the seeds both finished."""
+    found = {}
+    for seed in c['seeds']:
+        a, b = pair(ctx, c, seed)
+        if ctx.loss(a) is None or ctx.loss(b) is None or math.isinf(ctx.loss(a) + ctx.loss(b)):
+            continue
+        x, y = eval_series(ctx.log(a)), eval_series(ctx.log(b))
+        for level in levels:
+            found.setdefault(level, {})[seed] = (crossing(x, level), crossing(y, level))
+    reached = {lv: {s: xa - ya for s, (xa, ya) in by.items()} for lv, by in found.items()
+               if all(xa is not None and ya is not None for xa, ya in by.values())}
+    return reached
+
+
+def complete_lags(ctx, c, levels):
+    """seed_lags of the comparison once every one of its seeds has finished; None until then."""
+    lags = seed_lags(ctx, c, levels)
+    return lags if lags and len(next(iter(lags.values()))) >= len(c['seeds']) else None
+
+
+def lag_table(ctx, comparisons, levels, figure=None, changes=False):
+    """Per comparison, the steps the arm needs beyond its reference to reach each loss level
+    (mean [95% interval] over the paired seeds), and their mean from the second level down;
+    with `changes`, how that mean moves from each comparison to the next (lag_changes)."""
+    rows, waiting, complete = [], [], []
+    header = md.head('comparison', *(f"{lv:g}" for lv in levels), f"mean, {levels[1]:g} and below")
+    for c in comparisons:
+        lags = complete_lags(ctx, c, levels)
+        if lags is None:
+            waiting.append(f"{c['arm']} − {c['ref']}")
+            continue
+        cells = [steps_cell(list(lags[lv].values())) if lv in lags else "not reached"
+                 for lv in levels]
+        per_seed = mean_lags(lags, levels[1:])
+        complete.append((c, lags))
+        rows.append(f"| {pair_name(c)} | " + " | ".join(cells) +
+                    f" | {steps_cell(list(per_seed.values())) if per_seed else '-'} |")
+    note = "Not yet: " + ", ".join(waiting) + ".\n" if waiting else ""
+    if not rows:
+        return note
+    shown = f"\n![the step lag at each loss level]({figure})\n" if figure else ""
+    return ('\n'.join(header + rows) +
+            "\n\nSteps the arm needs beyond its reference to reach each fixed-window val loss "
+            "(a crossing interpolated between evaluations); positive: the arm is later.\n"
+            + (lag_changes(complete, levels[1:]) if changes else "")
+            + shown + ("\n" + note if note else ""))
+
+
+def lag_changes(complete, levels):
+    """Seed by seed, the change of the mean lag from each comparison to the next, over the
+    levels both reach and the seeds both have."""
+    rows = md.head('change of the mean lag', 'levels', 'seeds', 'mean [95% interval], steps',
+                   't p', 'shorter on')
+    for (before, first), (after, second) in zip(complete, complete[1:]):
+        used = [lv for lv in levels if lv in first and lv in second]
+        seeds = sorted(set(first[used[0]]) & set(second[used[0]])) if used else []
+        if len(seeds) < 2:
+            continue
+        moves = [sum(second[lv][s] - first[lv][s] for lv in used) / len(used) for s in seeds]
+        rows.append(f"| {after['label']} − {before['label']} | {used[0]:g}–{used[-1]:g} | "
+                    f"{seeds[0]}–{seeds[-1]} | {steps_cell(moves)} | "
+                    f"{fmt_p(stats.tests(moves, 0)['p_t'])} | "
+                    f"{sum(x < 0 for x in moves)} of {len(seeds)} |")
+    return "" if len(rows) == 2 else "\n" + "\n".join(rows) + "\n"
+
+
+def mean_lags(lags, levels):
+    """{seed: the seed's mean lag over those of levels that every run reaches}."""
+    used = [lv for lv in levels if lv in lags]
+    seeds = next(iter(lags.values())).keys() if lags else []
+    return {s: sum(lags[lv][s] for lv in used) / len(used) for s in seeds} if used else {}
+
+
+def seed_lag_table(ctx, comparisons, levels):
+    """Seed by seed, each comparison's mean lag over the levels from levels[1] down: whether the
+    arm that changes one thing removes the delay on every seed or on average."""
+    columns = []
+    for c in comparisons:
+        lags = complete_lags(ctx, c, levels)
+        if lags is None:
+            return f"Not yet: {c['arm']} − {c['ref']} lacks seeds.\n"
+        columns.append(mean_lags(lags, levels[1:]))
+    seeds = sorted(columns[0])
+    rows = md.head('seed', *(f"{c['arm']} − {c['ref']}" for c in comparisons))
+    rows += [f"| {s} | " + " | ".join(f"{col[s]:+.0f}" for col in columns) + " |" for s in seeds]
+    rows.append("| mean [95% interval] | " + " | ".join(steps_cell(list(col.values()))
+                                                        for col in columns) + " |")
+    return '\n'.join(rows) + '\n'
+
+
+# -----------------------------------------------------------------------------
+# inside the models: the probes' induction heads, logits and scales
 
 def induction_curve(log):
     """{step: (strongest head's induction score, repeat loss)} of a committed run's log."""
@@ -497,197 +875,6 @@ def induction_table(ctx, arms, seeds, threshold, figure):
             + ('\n' + note if note else ''))
 
 
-def dtype_table(ctx, arm, seeds, dtype):
-    other, fp32 = ctx.done(arm, seeds, dtype=dtype), ctx.done(arm, seeds)
-    if len(other) < len(seeds) or len(fp32) < len(seeds):
-        return f"Not yet: {len(other)} of {len(seeds)} bf16 runs have finished.\n"
-    step_ms = lambda runs: sorted(e['dt_ms'] for r in runs for e in ctx.log(r) if e.get('dt_ms'))
-    med = {k: v[len(v) // 2] for k, v in (('fp32', step_ms(fp32)), ('bf16', step_ms(other)))}
-    gaps = {s: 100 * (ctx.loss(b) - ctx.loss(a)) / ctx.loss(a) for s, a, b in zip(seeds, fp32,
-                                                                                 other)}
-    return ('\n'.join(md.head('', 'float32', 'bf16 autocast')) + '\n'
-            f"| median step time (ms, every logged step of "
-            f"{len(seeds)} runs) | {med['fp32']:.1f} | {med['bf16']:.1f} |\n"
-            f"| full val loss, mean | {sum(map(ctx.loss, fp32)) / len(fp32):.4f} | "
-            f"{sum(map(ctx.loss, other)) / len(other):.4f} |\n\n"
-            f"Paired difference bf16 − fp32 ({arm}, seeds {seeds[0]}–{seeds[-1]}): "
-            f"{interval_cell(list(gaps.values()))} (95%).\n")
-
-
-def stability_word(ctx, arms):
-    """Claim (iii)'s cell: per arm, the largest LR with no spike once its LRs have all finished."""
-    grid, words = stability_rows(ctx, arms), []
-    for arm in arms:
-        mine = [r for r in grid if r['arm'] == arm]
-        if not mine or any(None in r['states'] for r in mine):
-            words.append(f"{arm} not yet")
-            continue
-        _, lr, clean = stability_summary(mine, S.tuning_seeds(ctx.s, arm))
-        words.append(f"{arm} {'none' if lr is None else f'{lr:g}'}{'+' if clean else ''}")
-    return "; ".join(words)
-
-
-def claims_table(ctx, comparisons, texts, stability):
-    """The paper's claims, each with its comparison's verdict, and (iii) descriptive."""
-    found = comparison_stats(ctx, comparisons, stats.MARGIN)[0]
-    rows = md.head('claim', 'tested here as', 'verdict', 'resolution')
-    for r, c in zip(found, comparisons):
-        verdict = "not yet" if r is None else f"**{r['verdict']}** ({pct(r['mean'])})"
-        res = "" if r is None else f"{r['mde']:.2f}% (n = {r['n']})"
-        rows.append(f"| {c['label']} {texts[c['label']]} | {c['arm']} − {c['ref']}, paired full "
-                    f"val loss | {verdict} | {res} |")
-    label, claim, tested = stability['label'], texts[stability['label']], stability['tested']
-    rows.append(f"| {label} {claim} | {tested} | descriptive: "
-                f"{stability_word(ctx, stability['arms'])} | the √2 grid |")
-    rows = rows[:2] + sorted(rows[2:], key=lambda row: row.split(' ')[1])
-    return '\n'.join(rows) + (f"\n\n{label}: `+` marks an arm none of whose runs spiked: its "
-                              "largest LR is a lower bound.\n")
-
-
-# -----------------------------------------------------------------------------
-# v4: the reference check, the step lag, the logits' growth, the budgets, the climb
-
-def rerun_table(ctx, arms, seed, tag):
-    """Each arm's run repeated under `tag` against the committed one: the full val loss of each,
-    their difference, and the largest difference of the fixed-window losses on the way."""
-    rows = md.head('arm', 'seed', 'full val loss', 'repeated here', 'difference',
-                   'largest difference on the way')
-    for arm in arms:
-        a, b = ctx.at(arm, seed), ctx.at(arm, seed, tag=tag)
-        if ctx.loss(a) is None or ctx.loss(b) is None:
-            return f"Not yet: {arm} on seed {seed} has not been repeated.\n"
-        x, y = eval_series(ctx.log(a)), eval_series(ctx.log(b))
-        worst = max(abs(y[k] - x[k]) / x[k] for k in x if k in y)
-        rows.append(f"| {arm} | {seed} | {ctx.loss(a):.6f} | {ctx.loss(b):.6f} | "
-                    f"{100 * (ctx.loss(b) - ctx.loss(a)) / ctx.loss(a):+.5f}% | {worst:.1e} |")
-    return '\n'.join(rows) + '\n'
-
-
-def crossing(series, level):
-    """The first step at which a loss curve {step: loss} reaches level, interpolated linearly
-    between the two evaluations around it; None if it never does."""
-    steps = sorted(series)
-    for a, b in zip(steps, steps[1:]):
-        if series[a] > level >= series[b]:
-            return a + (b - a) * (series[a] - level) / (series[a] - series[b])
-    return None
-
-
-def pair(ctx, c, seed):
-    """(the arm's run, its reference's run) of a comparison on a seed: each at its selected LR,
-    or at the LRs c['lrs'] names (tuning runs, to compare two arms at one LR)."""
-    if 'lrs' in c:
-        return tuple(S.Run(arm, lr, ctx.s.arm(arm)['weight_decay'], seed)
-                     for arm, lr in zip((c['arm'], c['ref']), c['lrs']))
-    extra = dict(budget=c.get('budget', 1.0))
-    return ctx.at(c['arm'], seed, **extra), ctx.at(c['ref'], seed, **extra)
-
-
-def pair_name(c):
-    """A comparison as the tables and figures name it: its label, the arm − its reference, and
-    the LRs where it names them."""
-    if 'lrs' in c:
-        return f"{c['label']} {c['arm']} at {c['lrs'][0]:g} − {c['ref']} at {c['lrs'][1]:g}"
-    return f"{c['label']} {c['arm']} − {c['ref']}"
-
-
-def seed_lags(ctx, c, levels):
-    """{level: {seed: steps the arm needs beyond its reference to reach it}} on the levels every
-    run of both arms reaches, and the seeds both finished."""
-    found = {}
-    for seed in c['seeds']:
-        a, b = pair(ctx, c, seed)
-        if ctx.loss(a) is None or ctx.loss(b) is None or math.isinf(ctx.loss(a) + ctx.loss(b)):
-            continue
-        x, y = eval_series(ctx.log(a)), eval_series(ctx.log(b))
-        for level in levels:
-            found.setdefault(level, {})[seed] = (crossing(x, level), crossing(y, level))
-    reached = {lv: {s: xa - ya for s, (xa, ya) in by.items()} for lv, by in found.items()
-               if all(xa is not None and ya is not None for xa, ya in by.values())}
-    return reached
-
-
-def complete_lags(ctx, c, levels):
-    """seed_lags of the comparison once every one of its seeds has finished; None until then."""
-    lags = seed_lags(ctx, c, levels)
-    return lags if lags and len(next(iter(lags.values()))) >= len(c['seeds']) else None
-
-
-def steps_cell(values):
-    m, lo, hi = stats.interval95(values)
-    return f"{m:+.0f} [{lo:+.0f}, {hi:+.0f}]"
-
-
-def lag_table(ctx, comparisons, levels, figure=None, changes=False):
-    """Per comparison, the steps the arm needs beyond its reference to reach each loss level
-    (mean [95% interval] over the paired seeds), and their mean from the second level down;
-    with `changes`, how that mean moves from each comparison to the next (lag_changes)."""
-    rows, waiting, complete = [], [], []
-    header = md.head('comparison', *(f"{lv:g}" for lv in levels), f"mean, {levels[1]:g} and below")
-    for c in comparisons:
-        lags = complete_lags(ctx, c, levels)
-        if lags is None:
-            waiting.append(f"{c['arm']} − {c['ref']}")
-            continue
-        cells = [steps_cell(list(lags[lv].values())) if lv in lags else "not reached"
-                 for lv in levels]
-        per_seed = mean_lags(lags, levels[1:])
-        complete.append((c, lags))
-        rows.append(f"| {pair_name(c)} | " + " | ".join(cells) +
-                    f" | {steps_cell(list(per_seed.values())) if per_seed else '-'} |")
-    note = "Not yet: " + ", ".join(waiting) + ".\n" if waiting else ""
-    if not rows:
-        return note
-    shown = f"\n![the step lag at each loss level]({figure})\n" if figure else ""
-    return ('\n'.join(header + rows) +
-            "\n\nSteps the arm needs beyond its reference to reach each fixed-window val loss "
-            "(a crossing interpolated between evaluations); positive: the arm is later.\n"
-            + (lag_changes(complete, levels[1:]) if changes else "")
-            + shown + ("\n" + note if note else ""))
-
-
-def lag_changes(complete, levels):
-    """Seed by seed, the change of the mean lag from each comparison to the next, over the
-    levels both reach and the seeds both have."""
-    rows = md.head('change of the mean lag', 'levels', 'seeds', 'mean [95% interval], steps',
-                   't p', 'shorter on')
-    for (before, first), (after, second) in zip(complete, complete[1:]):
-        used = [lv for lv in levels if lv in first and lv in second]
-        seeds = sorted(set(first[used[0]]) & set(second[used[0]])) if used else []
-        if len(seeds) < 2:
-            continue
-        moves = [sum(second[lv][s] - first[lv][s] for lv in used) / len(used) for s in seeds]
-        rows.append(f"| {after['label']} − {before['label']} | {used[0]:g}–{used[-1]:g} | "
-                    f"{seeds[0]}–{seeds[-1]} | {steps_cell(moves)} | "
-                    f"{fmt_p(stats.tests(moves, 0)['p_t'])} | "
-                    f"{sum(x < 0 for x in moves)} of {len(seeds)} |")
-    return "" if len(rows) == 2 else "\n" + "\n".join(rows) + "\n"
-
-
-def mean_lags(lags, levels):
-    """{seed: the seed's mean lag over those of levels that every run reaches}."""
-    used = [lv for lv in levels if lv in lags]
-    seeds = next(iter(lags.values())).keys() if lags else []
-    return {s: sum(lags[lv][s] for lv in used) / len(used) for s in seeds} if used else {}
-
-
-def seed_lag_table(ctx, comparisons, levels):
-    """Seed by seed, each comparison's mean lag over the levels from levels[1] down: whether the
-    arm that changes one thing removes the delay on every seed or on average."""
-    columns = []
-    for c in comparisons:
-        lags = complete_lags(ctx, c, levels)
-        if lags is None:
-            return f"Not yet: {c['arm']} − {c['ref']} lacks seeds.\n"
-        columns.append(mean_lags(lags, levels[1:]))
-    seeds = sorted(columns[0])
-    rows = md.head('seed', *(f"{c['arm']} − {c['ref']}" for c in comparisons))
-    rows += [f"| {s} | " + " | ".join(f"{col[s]:+.0f}" for col in columns) + " |" for s in seeds]
-    rows.append("| mean [95% interval] | " + " | ".join(steps_cell(list(col.values()))
-                                                        for col in columns) + " |")
-    return '\n'.join(rows) + '\n'
-
-
 def diag_mean(ctx, arm, seeds, step, key, layer=None):
     """The mean over seeds of a logged diagnostic at an evaluation step (one layer, or the mean
     over layers)."""
@@ -752,105 +939,87 @@ def run_scale(ctx, arm, seeds):
     return f"1/{1 / config.scale:g}" + (", learned from there" if config.learn_scale else "")
 
 
-def budgets_table(ctx, comparisons, references, params, margin=stats.MARGIN):
-    """The paired gap at the end of each annealed budget (one Holm family), beside the same pair's
-    gap at v3's 1x schedule (`references`, which ends at 93.6% of the peak LR), with tokens per
-    parameter."""
-    found, gaps = comparison_stats(ctx, comparisons, margin)
-    # a reference is a family of its own; so is an annealed comparison whose seeds are in while
-    # its family's are not (unadjusted, and marked so)
-    rows_of = [(c, comparison_stats(ctx, [c], margin)[0][0], False) for c in references]
-    for c, r, g in zip(comparisons, found, gaps):
-        alone = r is None and len(g) == len(c['seeds'])
-        if alone:
-            r = comparison_stats(ctx, [dict(c, family=c['label'])], margin)[0][0]
-        rows_of.append((c, r, alone))
-    base = S.base_config(ctx.s)
-    rows = md.head('schedule', 'steps', 'tokens', 'tokens per parameter', 'peak LR (ref, arm)',
-                   'paired gap, mean ± sd', 'interval (level)', 't p (Holm)', 'resolution',
-                   'verdict')
-    for c, r, alone in rows_of:
-        if r is None:
-            rows.append(f"| {c['label']} | | | | | not yet | | | | |")
-            continue
-        schedule = schedule_of(ctx, c['arm'], base)
-        tokens = S.tokens(schedule)
-        lrs = f"{ctx.plan.chosen[c['ref']][0]:g}, {ctx.plan.chosen[c['arm']][0]:g}"
-        rows.append(f"| {c['label']} | {schedule['max_iters']} | {tokens / 1e6:.2f}M | "
-                    f"{tokens / params:.1f} | {lrs} | {gap_cells(r)} | {r['mde']:.2f}% | "
-                    f"**{r['verdict']}**{' (unadjusted: its family waits)' if alone else ''} |")
-    return '\n'.join(rows) + '\n' + budget_changes(ctx, [c for c, r, _ in rows_of if r])
+def diagnostics_note(ctx, arms, seed, figure):
+    done = [a for a in arms if ctx.done(a, (seed,))]
+    if len(done) < len(arms):
+        return f"Not yet: {len(done)} of {len(arms)} arms have finished test seed {seed}.\n"
+    return (f"Test seed {seed}, every arm at its selected settings (one line per layer, "
+            f"darker = deeper):\n\n![attention and weight diagnostics]({figure})\n")
 
 
-def budget_changes(ctx, schedules):
-    """Seed by seed, how much the paired gap moves from each schedule to the next, on the seeds
-    both have: a difference of two gaps, so outside their Holm family."""
-    rows = md.head('change of the paired gap', 'seeds', 'mean [95% interval], points of %',
-                   't p', 'gap larger on')
-    for before, after in zip(schedules, schedules[1:]):
-        first = ctx.gaps(before['arm'], before['ref'], before['seeds'])
-        second = ctx.gaps(after['arm'], after['ref'], after['seeds'])
-        seeds = sorted(set(first) & set(second))
-        if len(seeds) < 2:
-            continue
-        moves = [second[s] - first[s] for s in seeds]
-        m, lo, hi = stats.interval95(moves)
-        rows.append(f"| {after['label']} − {before['label']} | {seeds[0]}–{seeds[-1]} | "
-                    f"{pct(m)} [{pct(lo)}, {pct(hi)}] | {fmt_p(stats.tests(moves, 0)['p_t'])} "
-                    f"| {sum(x > 0 for x in moves)} of {len(seeds)} |")
-    if len(rows) == 2:
-        return ''
-    return ('\n' + '\n'.join(rows) + "\n\nEach seed's gap at the later schedule minus its gap "
-            "at the earlier one, with a 95% interval outside the Holm family; the schedules' LRs "
-            "differ, each tuned for its own.\n")
+# -----------------------------------------------------------------------------
+# checks: a run repeated, the dtype, the init geometry, the modern block's pilot
 
-
-def schedule_of(ctx, arm, base):
-    return dict(base, **ctx.s.arm(arm).get('settings', {}))
-
-
-def end_ratio(log):
-    """The fixed-window val loss at the end over its value at step 100: how much a run learned
-    after its first 100 steps."""
-    series = eval_series(log)
-    return series[max(series)] / series[100]
-
-
-def climb_table(ctx, arms, lrs, stall=0.8):
-    """Every run of a climb, each described by its log: diverged; stalled (its fixed-window loss
-    at the end above `stall` of its value at step 100); every rise of that loss between two
-    evaluations; and its largest gradient norm after warmup over the median, on every 10th step
-    (what v3's climbs logged, so the arms compare on one footing) and, where logged, on every."""
-    warmup = ctx.warmup()
-    rows = md.head('arm', 'weight decay', 'peak LR', 'seed', 'full val loss', 'end ÷ step 100',
-                   'state', 'rises of the fixed-window loss (step: %)',
-                   'grad norm max ÷ median, every 10th step (every step)')
+def rerun_table(ctx, arms, seed, tag):
+    """Each arm's run repeated under `tag` against the committed one: the full val loss of each,
+    their difference, and the largest difference of the fixed-window losses on the way."""
+    rows = md.head('arm', 'seed', 'full val loss', 'repeated here', 'difference',
+                   'largest difference on the way')
     for arm in arms:
-        wd = ctx.s.arm(arm)['weight_decay']
-        for lr in lrs:
-            for seed in ctx.s.tuning['seeds']:
-                run = S.Run(arm, lr, wd, seed)
-                loss = ctx.results.get(run.name)
-                if loss is None:
-                    continue
-                rows.append(climb_row(ctx, run, loss, warmup, stall))
+        a, b = ctx.at(arm, seed), ctx.at(arm, seed, tag=tag)
+        if ctx.loss(a) is None or ctx.loss(b) is None:
+            return f"Not yet: {arm} on seed {seed} has not been repeated.\n"
+        x, y = eval_series(ctx.log(a)), eval_series(ctx.log(b))
+        worst = max(abs(y[k] - x[k]) / x[k] for k in x if k in y)
+        rows.append(f"| {arm} | {seed} | {ctx.loss(a):.6f} | {ctx.loss(b):.6f} | "
+                    f"{100 * (ctx.loss(b) - ctx.loss(a)) / ctx.loss(a):+.5f}% | {worst:.1e} |")
     return '\n'.join(rows) + '\n'
 
 
-def climb_row(ctx, run, loss, warmup, stall):
-    if math.isinf(loss):
-        return f"| {run.arm} | {run.wd:g} | {run.lr:g} | {run.seed} | diverged | | diverged | | |"
-    log = ctx.log(run)
-    ratio, rises = end_ratio(log), spikes(log, warmup)
-    state = 'stalled' if ratio > stall else 'learning'
-    grad = f"{grad_ratio(log, warmup, every=10):.1f}"
-    if log_every(log) == 1:  # logged at every step: the worst step, beside the common footing
-        grad += f" ({grad_ratio(log, warmup):.1f})"
-    listed = ', '.join(f"{k}: {pct(v)}" for k, v in rises.items()) or 'none'
-    return (f"| {run.arm} | {run.wd:g} | {run.lr:g} | {run.seed} | {loss:.4f} | {ratio:.2f} | "
-            f"{state} | {listed} | {grad} |")
+def dtype_table(ctx, arm, seeds, dtype):
+    other, fp32 = ctx.done(arm, seeds, dtype=dtype), ctx.done(arm, seeds)
+    if len(other) < len(seeds) or len(fp32) < len(seeds):
+        return f"Not yet: {len(other)} of {len(seeds)} bf16 runs have finished.\n"
+    step_ms = lambda runs: sorted(e['dt_ms'] for r in runs for e in ctx.log(r) if e.get('dt_ms'))
+    med = {k: v[len(v) // 2] for k, v in (('fp32', step_ms(fp32)), ('bf16', step_ms(other)))}
+    gaps = {s: 100 * (ctx.loss(b) - ctx.loss(a)) / ctx.loss(a) for s, a, b in zip(seeds, fp32,
+                                                                                 other)}
+    return ('\n'.join(md.head('', 'float32', 'bf16 autocast')) + '\n'
+            f"| median step time (ms, every logged step of "
+            f"{len(seeds)} runs) | {med['fp32']:.1f} | {med['bf16']:.1f} |\n"
+            f"| full val loss, mean | {sum(map(ctx.loss, fp32)) / len(fp32):.4f} | "
+            f"{sum(map(ctx.loss, other)) / len(other):.4f} |\n\n"
+            f"Paired difference bf16 − fp32 ({arm}, seeds {seeds[0]}–{seeds[-1]}): "
+            f"{interval_cell(list(gaps.values()))} (95%).\n")
 
 
-def log_every(log):
-    steps = [e['iter'] for e in log if 'loss' in e]
-    return steps[1] - steps[0] if len(steps) > 1 else 1
+def geometry_gaps(ctx, pair, seeds, init_std):
+    """({seed: gap %} at init_std, the same at the base's init std) on the seeds."""
+    return (ctx.gaps(pair[1], pair[0], seeds, init_std=init_std),
+            ctx.gaps(pair[1], pair[0], seeds))
+
+
+def geometry_table(ctx, pair, seeds, init_std, figure):
+    wide, std = geometry_gaps(ctx, pair, seeds, init_std)
+    if len(wide) < len(seeds) or len(std) < len(seeds):
+        return f"Not yet: {len(wide)} of {len(seeds)} seeds at init_std {init_std:g}.\n"
+    base = S.base_config(ctx.s)
+    rows = md.head('init_std', 'σ·√d', f'paired gap {pair[1]} − {pair[0]}, mean [95% interval]')
+    for value, gaps in ((base['init_std'], std), (init_std, wide)):
+        rows.append(f"| {value:g} | {value * base['n_embd'] ** 0.5:.2f} "
+                    f"| {interval_cell(list(gaps.values()))} |")
+    m, lo, hi = stats.interval95([wide[s] - std[s] for s in seeds])
+    word = ("depends on the init geometry" if lo > 0 or hi < 0
+            else "no dependence on the init geometry detected")
+    rows.append(f"| difference | | {pct(m)} [{pct(lo)}, {pct(hi)}]: **{word}** |")
+    return '\n'.join(rows) + f'\n\n![the paired gap at two init geometries]({figure})\n'
+
+
+def pilot_table(ctx, folder):
+    """The modern block's pilot: final full val loss of baseline and reduced, with and without
+    config/modern.py, per seed, and modern − plain per seed (runs named <arm>[_modern]_s<seed>)."""
+    folder = os.path.join(ctx.root, folder)
+    runs = {n: S.final_loss(os.path.join(folder, n)) for n in sorted(os.listdir(folder))} \
+        if os.path.isdir(folder) else {}
+    if not runs:
+        return "Not yet: no pilot run is committed.\n"
+    seeds = sorted({int(n.rsplit('_s', 1)[1]) for n in runs})
+    rows = md.head('arm', 'seed', 'learned positions', 'RoPE + QK-norm', 'modern − plain')
+    fmt = lambda x: '-' if x is None else f"{x:.4f}"
+    for arm in ('baseline', 'reduced'):
+        for s in seeds:
+            plain, modern = runs.get(f'{arm}_s{s}'), runs.get(f'{arm}_modern_s{s}')
+            both = plain is not None and modern is not None
+            diff = pct(100 * (modern - plain) / plain) if both else '-'
+            rows.append(f"| {arm} | {s} | {fmt(plain)} | {fmt(modern)} | {diff} |")
+    return '\n'.join(rows) + '\n'
