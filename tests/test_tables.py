@@ -235,3 +235,26 @@ def test_an_unpaired_comparison_is_read_by_welch_with_the_paired_reading_beside_
     assert welch.split(' | ')[1] == '4 + 4' and f"{gap:+.2f}% (se " in welch
     assert any(line.startswith('| f x − y, paired (outside the family, unadjusted) |')
                for line in rows)
+
+
+def test_the_tokens_table_gives_each_budgets_paired_and_unpaired_gap_and_waits_for_seeds():
+    from scipy import stats as st
+    arm = {1: 1.20, 2: 1.25, 3: 1.22, 4: 1.30}
+    ref = {1: 1.10, 2: 1.12, 3: 1.09, 4: 1.15}
+    ctx = Losses({**{('x', s): v for s, v in arm.items()},
+                  **{('y', s): v for s, v in ref.items()}, ('z', 1): 1.0, ('y4', 1): 1.0})
+    ctx.s = Budgets({}).s  # train.py's defaults as the schedule: 105,002 steps of 491,520 tokens
+    one = dict(label='one', arm='x', ref='y', seeds=(1, 2, 3, 4))
+    other = dict(label='other', arm='z', ref='y4', seeds=(1, 2))
+    rows = tables.tokens_gaps_table(ctx, [one, other], params=10 ** 9).splitlines()
+    gaps = [100 * (arm[s] - ref[s]) / ref[s] for s in arm]
+    m, half = sum(gaps) / 4, st.t.ppf(0.975, 3) * st.tstd(gaps) / 2
+    mean = 100 * (sum(arm.values()) - sum(ref.values())) / sum(ref.values())
+    va, vr = st.tvar(list(arm.values())) / 4, st.tvar(list(ref.values())) / 4
+    df = (va + vr) ** 2 / (va ** 2 / 3 + vr ** 2 / 3)
+    welch = st.t.ppf(0.975, df) * 100 * (va + vr) ** 0.5 / (sum(ref.values()) / 4)
+    assert rows[2] == (f"| one | 105002 | 51610.58M | 51.6 | 1–4 | {m:+.2f}% [{m - half:+.2f}%, "
+                       f"{m + half:+.2f}%] | {mean:+.2f}% [{mean - welch:+.2f}%, "
+                       f"{mean + welch:+.2f}%] |")
+    assert rows[3] == "| other | 105002 | 51610.58M | 51.6 | 1–2 | not yet (1 of 2 seeds) | |"
+    assert "~440 tokens per parameter" in rows[-1]

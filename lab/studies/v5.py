@@ -39,6 +39,10 @@ arms = {
     'identity_anneal4x_wd0.1': dict(variant='reduced', weight_decay=0.1,
                                   settings=dict(ANNEAL_4X, **FULL),
                                   grid=dict(around='identity_anneal_wd0.1')),
+    # v4's annealed recipe (W_Q = I at the halved scale, lambda 2^-5) at its selections, read
+    # beside the standard scale's gap against tokens; no phase runs them: they are v4's runs
+    'reduced_anneal': dict(variant='reduced', weight_decay=LOW, lr=4e-3, settings=ANNEAL),
+    'reduced_anneal4x': dict(variant='reduced', weight_decay=LOW, lr=4e-3, settings=ANNEAL_4X),
     # claim (ii) (amended 2026-12-02): W_Q = I's saved n_embd^2 per layer in the MLP (4.5 n_embd
     # hidden: the baseline's parameter count), at lambda* and the standard scale, around W_Q = I's
     # 1x selection
@@ -80,6 +84,13 @@ FOURX = [dict(c, seeds=TEST) for c in (  # read unpaired (Welch): the amendment
          name='h: W_Q = I alone, 4x gap − 1x gap, per seed'))]
 MLP = [dict(label='i', arm='identity_mlp_anneal_wd0.1', ref=B1, seeds=TEST)]  # claim (ii)
 LAMBDA = dict(label='λ', arm=B2, ref=B1, seeds=TEST)  # the baseline's weight decay alone
+PARAMS = 844_928  # the baseline's parameters: tokens per parameter, as v4's
+TOKENS = [  # the gap against tokens (the design's item): W_Q = I alone, beside v4's recipe
+    dict(label='W_Q = I at 1/8, λ 0.1: 1× (a)', arm=I1, ref=B1, seeds=TEST),
+    dict(label='W_Q = I at 1/8, λ 0.1: 4× (f)', arm=I4, ref='baseline_anneal4x', seeds=TEST),
+    dict(label="v4's recipe (1/16, λ 2⁻⁵): 1×", arm='reduced_anneal', ref=B1, seeds=TEST),
+    dict(label="v4's recipe (1/16, λ 2⁻⁵): 4×", arm='reduced_anneal4x', ref='baseline_anneal4x',
+         seeds=TEST[:8])]
 tables = dict(
     v5_check=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun'),
     v5_check_epyc=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun_epyc'),
@@ -90,5 +101,9 @@ tables = dict(
                     beside=[LAMBDA]),
     v5_family=dict(kind='decisions', comparisons=DECISIONS + FOURX + MLP, family=FAMILY,
                    margin=0.5),
+    v5_tokens=dict(kind='tokens_gaps', comparisons=TOKENS, params=PARAMS),
 )
-figures = {}
+figures = {
+    'v5_tokens.png': dict(kind='budgets', comparisons=TOKENS[:2], references=TOKENS[2:],
+                          params=PARAMS),
+}
