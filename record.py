@@ -108,8 +108,8 @@ class WandbTracker:
 
 class TensorBoardTracker:
     """The record's numbers as TensorBoard scalars in out_dir/tensorboard. A resume purges what
-    the last run wrote from its checkpoint's step on and writes again the step lines log.jsonl
-    keeps there, so the event files read back as log.jsonl."""
+    the last run wrote from its checkpoint's step on (a run started over: all of it) and writes
+    again the step lines log.jsonl keeps there, so the event files read back as log.jsonl."""
 
     def __init__(self, out_dir, resume_iter, kept=()):
         try:
@@ -117,8 +117,8 @@ class TensorBoardTracker:
         except ImportError:
             raise UserError("tensorboard_log=True needs tensorboard: `pip install tensorboard`, "
                             "or set --tensorboard_log=False") from None
-        self.writer = SummaryWriter(os.path.join(out_dir, 'tensorboard'),
-                                    purge_step=resume_iter or None)
+        # purge_step 0 too: a run started over (--overwrite=True) replaces the old run's events
+        self.writer = SummaryWriter(os.path.join(out_dir, 'tensorboard'), purge_step=resume_iter)
         for entry in kept:
             self.log(entry)
 

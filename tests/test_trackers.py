@@ -105,6 +105,18 @@ def test_tensorboard_reads_back_as_log_jsonl_across_a_crash_and_resume(data_root
         assert got == want[key], key
 
 
+def test_a_run_started_over_replaces_its_tensorboard_events(data_root, tmp_path):
+    pytest.importorskip('tensorboard', reason='tensorboard is in requirements-dev.txt')
+    out = tmp_path / 'out'
+    train.main(argv(data_root, out, tensorboard_log=True))
+    train.main(argv(data_root, out, tensorboard_log=True, overwrite=True, learning_rate=3e-3,
+                    max_iters=10))
+    log, scalars = read_log(out), tensorboard_scalars(out / 'tensorboard')
+    assert [step for step, _ in scalars['loss']] == [e['iter'] for e in log if 'loss' in e]
+    assert [v for _, v in scalars['loss']] == [float(np.float32(e['loss'])) for e in log
+                                               if 'loss' in e]
+
+
 @pytest.mark.parametrize('setting, module', [('wandb_log', 'wandb'),
                                              ('tensorboard_log', 'torch.utils.tensorboard')])
 def test_a_missing_tracker_is_one_line(data_root, tmp_path, monkeypatch, command_line, setting,
