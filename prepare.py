@@ -185,17 +185,21 @@ class Dataset:
             batches.append((np.array([len(starts) * block]), targets % block))
         return batches
 
-    def read(self, split, start, stop):
-        """Tokens [start, stop) of the split, across its files. A fresh memmap each call:
-        nanoGPT's fix for the memory growth of a long-lived one."""
+    def memmaps(self, split):
+        """The split's files as read-only arrays, fresh each call: nanoGPT's fix for the memory
+        growth of a long-lived memmap."""
+        return [np.memmap(path, dtype=self.meta['dtype'], mode='r', offset=byte_offset,
+                          shape=(count,)) for path, byte_offset, count in self.parts[split]]
+
+    def read(self, split, start, stop, arrays=None):
+        """Tokens [start, stop) of the split, across its files (arrays: its memmaps, opened once
+        for a whole batch)."""
         pieces, offset = [], 0
-        for path, byte_offset, count in self.parts[split]:
-            lo, hi = max(start - offset, 0), min(stop - offset, count)
+        for tokens in arrays or self.memmaps(split):
+            lo, hi = max(start - offset, 0), min(stop - offset, len(tokens))
             if lo < hi:
-                tokens = np.memmap(path, dtype=self.meta['dtype'], mode='r', offset=byte_offset,
-                                   shape=(count,))
                 pieces.append(np.asarray(tokens[lo:hi]))
-            offset += count
+            offset += len(tokens)
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def check_ids(self, split, tokens):
@@ -212,7 +216,8 @@ class Dataset:
         """Inputs and next-token targets (len(starts), length or block_size) as int64, on
         device; their ids checked against the vocabulary (on the host, before the copy: free)."""
         length = length or self.block_size
-        windows = np.stack([self.read(split, s, s + length + 1) for s in starts])
+        arrays = self.memmaps(split)
+        windows = np.stack([self.read(split, s, s + length + 1, arrays) for s in starts])
         self.check_ids(split, windows)
         xy = torch.from_numpy(windows.astype(np.int64))
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
@@ -635,8 +640,7 @@ def prepare(c):
     if n_chars == 0:
         raise UserError(f"{c['dataset']} is empty: every document's '{c['text_column']}' is blank")
 
-    meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype,
-                source=c['dataset'], settings=settings, documents=len(ds), characters=n_chars)
+    meta = dict(meta_head(c, tok, dtype, settings), documents=len(ds), characters=n_chars)
     if len(ds) == 1 and c['val_documents'] is None:
         meta['split'] = 'by position'  # one document cut in two
 
@@ -645,6 +649,12 @@ def prepare(c):
             meta[f'{s}_tokens'] = write_bin(tokenized[s], paths[s], dtype)
             meta[f'{s}_documents'] = len(split[s])
     return write_dataset(out_dir, meta, write)
+
+
+def meta_head(c, tok, dtype, settings):
+    """meta.json's first keys, the same for a streamed and a non-streamed run."""
+    return dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype,
+                source=c['dataset'], settings=settings)
 
 
 def write_dataset(out_dir, meta, write):
@@ -693,8 +703,7 @@ def prepare_streamed(ds, c, tok, dtype, out_dir, settings):
     import multiprocessing
     from tqdm import tqdm
     column, counts = c['text_column'], dict(documents=0, characters=0, val_documents=0)
-    meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype,
-                source=c['dataset'], settings=settings)
+    meta = meta_head(c, tok, dtype, settings)
     tokenize = functools.partial(tokenize_batch, tokenizer=tok.name, column=column)
 
     def write(paths):

@@ -11,6 +11,15 @@ import time
 from common import UserError, read_jsonl, write_json, write_text
 
 
+def kept_lines(path, resume_iter):
+    """The lines of the log at path that a run resuming at resume_iter keeps: every one before its
+    checkpoint's step, and that step's own log line (its evaluation is made again)."""
+    if not os.path.exists(path):
+        return []
+    return [e for e in read_jsonl(path) if e['iter'] < resume_iter or (
+        e['iter'] == resume_iter and 'val_loss' not in e)]
+
+
 class Record:
     """The run's record: config.json and log.jsonl (and W&B), which a resume from the checkpoint
     on disk finds consistent: lines past the checkpoint are cut back then. A new run writes both
@@ -43,9 +52,7 @@ class Record:
     def start(self, entries):
         """config.json, then the log cut back to resume_iter with entries after it."""
         write_json(os.path.join(self.out_dir, 'config.json'), self.config)
-        keep = [e for e in read_jsonl(self.path) if e['iter'] < self.resume_iter or (
-            e['iter'] == self.resume_iter and 'val_loss' not in e)] \
-            if os.path.exists(self.path) else []
+        keep = kept_lines(self.path, self.resume_iter)
         write_text(self.path, ''.join(json.dumps(e) + '\n' for e in keep + entries))
         self.started = True
 
@@ -138,8 +145,7 @@ def open_trackers(c, resume_iter, wandb_run_id=None):
     trackers = [WandbTracker(c, wandb_run_id)] if c['wandb_log'] else []
     if c['tensorboard_log']:
         path = os.path.join(c['out_dir'], 'log.jsonl')
-        kept = [e for e in read_jsonl(path) if e['iter'] == resume_iter and 'val_loss' not in e] \
-            if resume_iter and os.path.exists(path) else []
+        kept = [e for e in kept_lines(path, resume_iter) if e['iter'] == resume_iter]
         trackers.append(TensorBoardTracker(c['out_dir'], resume_iter, kept))
     return trackers
 

@@ -170,10 +170,15 @@ def argmax(values):  # the first of equal maxima, as numpy's
     return max(range(len(values)), key=lambda k: (values[k], -k))
 
 
+def correct(results):
+    """(right by sum, right per character, items) of scored items."""
+    return (sum(r['pred'] == r['gold'] for r in results.values()),
+            sum(r['pred_norm'] == r['gold'] for r in results.values()), len(results))
+
+
 def accuracies(results):
-    n = len(results)
-    return dict(acc=sum(r['pred'] == r['gold'] for r in results.values()) / n,
-                acc_norm=sum(r['pred_norm'] == r['gold'] for r in results.values()) / n, items=n)
+    by_sum, by_char, n = correct(results)
+    return dict(acc=by_sum / n, acc_norm=by_char / n, items=n)
 
 
 def during_training(model, tok, items, ctx, device, batch_size, share, reduce):
@@ -184,9 +189,7 @@ def during_training(model, tok, items, ctx, device, batch_size, share, reduce):
     counts = torch.zeros(3, dtype=torch.float64, device=device)
     for chunk in share(rounds):
         results = score(model, tok, items, ctx, device, batch_size, chunk)
-        counts += torch.tensor([sum(r['pred'] == r['gold'] for r in results.values()),
-                                sum(r['pred_norm'] == r['gold'] for r in results.values()),
-                                len(results)], dtype=torch.float64, device=device)
+        counts += torch.tensor(correct(results), dtype=torch.float64, device=device)
     model.train()
     reduce(counts)
     return dict(hellaswag_acc=(counts[0] / counts[2]).item(),
