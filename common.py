@@ -1,22 +1,22 @@
 """
-What more than one script needs, in one place: one-line user errors, nanoGPT-style
-configuration (`script.py config/x.py --key=value`), the device and precision rule, atomic file
-writes and checkpoint I/O. (Making a model, from a config, a checkpoint or GPT-2 weights, is
-model.py's; the data format and its tokenizers are prepare.py's.)
+What more than one script needs: one-line user errors, nanoGPT-style configuration
+(`script.py config/x.py --key=value`), the device and precision rule, atomic file writes and
+checkpoint I/O. (Making a model is model.py's; the data format and its tokenizers are
+prepare.py's.)
 """
 import ast
+import dataclasses
 import difflib
 import errno
 import json
 import os
+import pathlib
 import re
 import shutil
 import sys
 import types
 import typing
 from contextlib import contextmanager, nullcontext
-import dataclasses
-from dataclasses import dataclass
 
 import torch
 
@@ -27,9 +27,8 @@ class UserError(Exception):
 
 @contextmanager
 def model_errors(source=None):
-    """model.py imports nothing from this project (copy it anywhere), so a bad setting or
-    checkpoint raises ValueError or TypeError there, and a missing optional package
-    ImportError, each with a clear message; around a call into it, this turns them into the
+    """model.py imports nothing from this project (copy it anywhere), so it raises ValueError,
+    TypeError or ImportError with a clear message; around a call into it, this makes them the
     one-line error."""
     try:
         yield
@@ -37,17 +36,16 @@ def model_errors(source=None):
         raise UserError(f"{source}: {e}" if source else str(e)) from None
 
 
-# what to do about a filesystem failure, by its errno
-FS_ADVICE = {
-    errno.ENOSPC: "the disk is full: free space, or choose a folder on another disk",
-    errno.EDQUOT: "the disk quota is used up: free space, or choose a folder on another disk",
+ELSEWHERE = "free space, or choose a folder on another disk"
+PERMISSIONS = "fix its permissions, or choose a folder you can write"
+IN_THE_WAY = "a file is in the way where a folder should be: move it, or choose another folder"
+FS_ADVICE = {  # what to do about a filesystem failure, by its errno
+    errno.ENOSPC: f"the disk is full: {ELSEWHERE}",
+    errno.EDQUOT: f"the disk quota is used up: {ELSEWHERE}",
     errno.EROFS: "the filesystem is read-only: choose a writable folder",
-    errno.EACCES: "permission denied: fix its permissions, or choose a folder you can write",
-    errno.EPERM: "not permitted: fix its permissions, or choose a folder you can write",
-    errno.EEXIST: "a file is in the way where a folder should be: move it, or choose another "
-                  "folder",
-    errno.ENOTDIR: "a file is in the way where a folder should be: move it, or choose another "
-                   "folder",
+    errno.EACCES: f"permission denied: {PERMISSIONS}",
+    errno.EPERM: f"not permitted: {PERMISSIONS}",
+    errno.EEXIST: IN_THE_WAY, errno.ENOTDIR: IN_THE_WAY,
     errno.EIO: "the write failed: check the disk's free space and health",
 }
 
@@ -55,20 +53,17 @@ FS_ADVICE = {
 def fs_error(e, path=None):
     """The one line for an OSError at the filesystem boundary: the path, what went wrong and what
     to do about it."""
-    path = path or e.filename or 'a file'
     advice = FS_ADVICE.get(e.errno, "check the path and the disk")
-    return f"cannot write {path} ({e.strerror or e}): {advice}"
+    return f"cannot write {path or e.filename or 'a file'} ({e.strerror or e}): {advice}"
 
 
 def run_main(main):
-    """Run a script's main(); user errors, and any filesystem failure that no caller explained
-    more closely, become one line on stderr and exit code 2. KVGPT_DEBUG=1 in the environment
-    shows the full traceback behind that line instead."""
+    """Run a script's main(): a user error, or a filesystem failure no caller explained more
+    closely, is one line on stderr and exit code 2 (KVGPT_DEBUG=1 shows the traceback instead)."""
     try:
         main()
     except BrokenPipeError:  # `python sample.py ... | head`: the reader has gone, nothing is wrong
-        # so that the exit's flush cannot fail again
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush works
         sys.exit(141)
     except (UserError, OSError) as e:
         if os.environ.get('KVGPT_DEBUG') == '1':
@@ -90,13 +85,13 @@ def parse_value(text):
         return text  # a bare string: --dataset=openwebtext
 
 
-class Kind:
+class Kind(typing.NamedTuple):
     """The type of a key: int, float, str or bool, or 'device'; with choices, one of them; optional
     (None allowed) when the default is None unless said otherwise. Every key has one: its
     default's type, or the one a script's TYPES declares beside its DEFAULTS."""
-
-    def __init__(self, kind, choices=None, optional=None):
-        self.kind, self.choices, self.optional = kind, choices, optional
+    kind: object
+    choices: tuple = None
+    optional: bool = None
 
     def name(self):
         words = ('|'.join(self.choices) if self.choices
@@ -105,17 +100,21 @@ class Kind:
 
 
 def field_kinds(cls):
-    """{field: Kind} of a dataclass's fields, from their annotations (Optional[int] is an int or
-    None)."""
+    """{field: Kind} of a dataclass's fields, from their annotations (Optional[int]: an int)."""
     return {f.name: Kind(next(a for a in (*typing.get_args(f.type), f.type)
                               if a is not type(None))) for f in dataclasses.fields(cls)}
 
 
 def kind_of(key, defaults, types):
-    """The Kind of a key (types[key] where declared, else its default's type)."""
+    """The Kind of a key: types[key] where declared, else its default's type."""
     kind = types.get(key) or Kind(type(defaults[key]))
     optional = defaults[key] is None if kind.optional is None else kind.optional
-    return Kind(kind.kind, kind.choices, optional)
+    return kind._replace(optional=optional)
+
+
+def did_you_mean(word, words):
+    close = difflib.get_close_matches(word, words, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 BOOL_WORDS = {'true': True, 'false': False}  # --compile=false means False, as --compile=False
@@ -125,49 +124,40 @@ def check_value(key, value, defaults, source, types=None):
     """value made the key's type (an int for a float, a word true/false for a bool), or a one-line
     error that names the key and what it takes."""
     if key not in defaults:
-        close = difflib.get_close_matches(key, defaults, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UserError(f"{source}: unknown config key '{key}'{hint}")
+        raise UserError(f"{source}: unknown config key '{key}'{did_you_mean(key, defaults)}")
     kind = kind_of(key, defaults, types or {})
-    if value is None and (kind.optional or kind.kind is type(None)):
-        return None
     want = kind.kind
+    if value is None and (kind.optional or want is type(None)):
+        return None
     if want is bool and isinstance(value, str) and value.lower() in BOOL_WORDS:
         value = BOOL_WORDS[value.lower()]
-    if want is float and isinstance(value, int) and not isinstance(value, bool):
+    if want is float and type(value) is int:
         value = float(value)  # an int for a float setting is fine
     if want in (tuple, list) and isinstance(value, (tuple, list)):
         value = want(value)
     if want == 'device':
-        want = str
         ok = isinstance(value, str) and re.fullmatch(r'cpu|mps|cuda(:\d+)?', value)
     else:
         ok = type(value) is want or want is type(None)
     if not ok:
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        quote = " (quote a name that looks like a number)" if want is str and number else ""
-        takes = 'cpu, cuda, cuda:N or mps' if kind.kind == 'device' else kind.name()
+        number = type(value) in (int, float) and want in (str, 'device')
+        quote = " (quote a name that looks like a number)" if number else ""
+        takes = 'cpu, cuda, cuda:N or mps' if want == 'device' else kind.name()
         raise UserError(f"{source}: {key} must be {takes}, got {value!r}{quote}")
     if kind.choices and value not in kind.choices:
-        close = difflib.get_close_matches(str(value), kind.choices, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UserError(f"{source}: {key} must be one of {', '.join(kind.choices)}, got "
-                        f"{value!r}{hint}")
+        raise UserError(f"{source}: {key} must be one of {', '.join(kind.choices)}, got {value!r}"
+                        f"{did_you_mean(str(value), kind.choices)}")
     return value
 
 
-HELP_FLAGS = ('-h', '--help')
-
-
 def parse_config(defaults, argv=None, show=False, described_in=(), types=None):
-    """nanoGPT's configurator made strict: an unknown key or a value of the wrong type (see Kind;
-    types: the Kinds of the keys whose default does not say it) is a one-line error that names
-    the key. argv None is the command line; show prints the settings that differ from the
-    defaults. -h or --help prints every key with its default, type and description (read from
-    the sources described_in, the caller's file by default: see help_text) and exits 0."""
+    """nanoGPT's configurator made strict: an unknown key or a value of the wrong type (see Kind)
+    is a one-line error that names the key. argv None is the command line; show prints the
+    settings that differ from the defaults. -h or --help prints every key with its default, type
+    and description (from the sources described_in, the caller's file by default) and exits 0."""
     config, types = dict(defaults), types or {}
     argv = sys.argv[1:] if argv is None else argv
-    if any(a in HELP_FLAGS for a in argv):
+    if any(a in ('-h', '--help') for a in argv):
         sources = described_in or (sys._getframe(1).f_globals['__file__'],)
         print(help_text(defaults, sources, types))
         sys.exit(0)
@@ -186,11 +176,10 @@ def parse_config(defaults, argv=None, show=False, described_in=(), types=None):
 
 
 def key_comments(path):
-    """[(key, group, description)] in source order, from the file at path: each `key=value,  #
-    text` line of its `DEFAULTS = dict(...)` and each `name: type = value  # text` field of a
-    dataclass. A comment alone on a line among them names the group of the keys below it (its
-    text up to a colon; a dataclass's fields start as 'model'); an indented comment continues the
-    one above and is left out (help is one line)."""
+    """[(key, group, description)] in source order: each `key=value,  # text` line of the file's
+    `DEFAULTS = dict(...)` and each `name: type = value  # text` field of a dataclass. A comment
+    alone on a line among them names the group of the keys below it (up to a colon; a
+    dataclass's fields start as 'model'); an indented comment continues the one above."""
     entries, group, block, previous = [], None, None, ''
     for line in open(path, encoding='utf-8'):
         if line.startswith('DEFAULTS = dict('):
@@ -202,24 +191,20 @@ def key_comments(path):
         elif block and re.match(r'    # \S', line):
             group = line.strip()[2:].split(':')[0]
         elif block and block.match(line):
-            code, _, text = line.partition('  # ')
-            entries.append((block.match(line).group(1), group, text.strip()))
+            entries.append((block.match(line).group(1), group, line.partition('  # ')[2].strip()))
         previous = line
     return entries
 
 
 def help_text(defaults, sources, types=None):
-    """Usage (the first source's docstring) and every key of defaults, grouped, with its default,
-    its type and the one line its source's comment says about it."""
-    with open(sources[0]) as f:
-        usage = (ast.get_docstring(ast.parse(f.read())) or '').strip()
-    described, order = {}, []
-    for path in sources:
-        for key, group, text in key_comments(path):
-            order += [] if (group or 'settings') in order else [group or 'settings']
-            if key in defaults and (key not in described or not described[key][1]):
-                described[key] = (group or 'settings', text)
-    groups = {group: [] for group in order}  # in the order the sources name them
+    """Usage (the first source's docstring) and every key of defaults, in the sources' groups,
+    with its default, its type and the one line its source's comment says about it."""
+    usage = (ast.get_docstring(ast.parse(pathlib.Path(sources[0]).read_text())) or '').strip()
+    described, groups = {}, {}
+    for key, group, text in (entry for path in sources for entry in key_comments(path)):
+        groups.setdefault(group or 'settings', [])  # in the order the sources name them
+        if key in defaults and not described.get(key, ('', ''))[1]:
+            described[key] = (group or 'settings', text)
     for key in defaults:
         group, text = described.get(key, ('settings', ''))
         groups.setdefault(group, []).append((key, text))
@@ -244,8 +229,7 @@ def run_config_file(path, config):
                         "--key=value)")
     namespace = dict(config)
     try:
-        with open(path) as f:
-            exec(compile(f.read(), path, 'exec'), namespace)
+        exec(compile(pathlib.Path(path).read_text(), path, 'exec'), namespace)
     except SystemExit:  # not an Exception: it would end the script with nothing done
         raise UserError(f"config file '{path}' calls exit(): a config file only sets values"
                         ) from None
@@ -292,15 +276,14 @@ def pick_precision(dtype, device):
     train.py) on an older one, float32 on CPU, unless one is named. torch counts emulated bf16 as
     supported by default: V100/T4 would then train eager (inductor skips it) with slow bf16."""
     if dtype is None and device.startswith('cuda'):
-        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
-        dtype = 'bfloat16' if bf16 else 'float16'
-    dtype = dtype or 'float32'
-    if dtype not in DTYPES:
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        dtype = 'bfloat16' if native else 'float16'
+    if (dtype or 'float32') not in DTYPES:
         raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
-    return dtype
+    return dtype or 'float32'
 
 
-@dataclass
+@dataclasses.dataclass
 class DeviceSetup:
     device: str  # 'cpu', 'cuda', 'cuda:3'
     dtype: str  # 'float32' | 'bfloat16' | 'float16'
@@ -325,11 +308,9 @@ def setup_device(device=None, dtype=None, compile=None):
     fp16 on older GPUs, fp32 on CPU; torch.compile on for CUDA only; TF32 matmuls on CUDA."""
     device = pick_device(device)
     dtype = pick_precision(dtype, device)
-    on_cuda = device.startswith('cuda')
-    if on_cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    compile = on_cuda if compile is None else bool(compile)
+    if device.startswith('cuda'):
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    compile = device.startswith('cuda') if compile is None else bool(compile)
     return DeviceSetup(device, dtype, compile, autocast(device, dtype))
 
 
@@ -337,12 +318,11 @@ def setup_device(device=None, dtype=None, compile=None):
 # Full names, not substrings: 'L4' is inside 'L40', and the H100's PCIe and NVL parts are slower
 # than its SXM part. A device not listed has no MFU: never a made-up number.
 PEAK_FLOPS = {
-    'NVIDIA H200': 989e12, 'NVIDIA H200 NVL': 835e12,
-    'NVIDIA H100 80GB HBM3': 989e12, 'NVIDIA H100 PCIe': 756e12, 'NVIDIA H100 NVL': 835e12,
-    'NVIDIA A100-SXM4-80GB': 312e12, 'NVIDIA A100-SXM4-40GB': 312e12,
-    'NVIDIA A100 80GB PCIe': 312e12, 'NVIDIA A100-PCIE-40GB': 312e12,
-    'NVIDIA L40S': 362e12, 'NVIDIA L40': 181e12, 'NVIDIA L4': 121e12,
-    'NVIDIA A10': 125e12, 'NVIDIA A10G': 70e12,
+    'NVIDIA H200': 989e12, 'NVIDIA H200 NVL': 835e12, 'NVIDIA H100 80GB HBM3': 989e12,
+    'NVIDIA H100 PCIe': 756e12, 'NVIDIA H100 NVL': 835e12, 'NVIDIA A100-SXM4-80GB': 312e12,
+    'NVIDIA A100-SXM4-40GB': 312e12, 'NVIDIA A100 80GB PCIe': 312e12,
+    'NVIDIA A100-PCIE-40GB': 312e12, 'NVIDIA L40S': 362e12, 'NVIDIA L40': 181e12,
+    'NVIDIA L4': 121e12, 'NVIDIA A10': 125e12, 'NVIDIA A10G': 70e12,
     'NVIDIA GeForce RTX 4090': 165e12, 'NVIDIA GeForce RTX 3090': 71e12,
     'Tesla V100-SXM2-16GB': 125e12, 'Tesla V100-SXM2-32GB': 125e12, 'Tesla V100-PCIE-16GB': 112e12,
     'Tesla V100-PCIE-32GB': 112e12, 'Tesla T4': 65e12,
@@ -351,8 +331,8 @@ PEAK_FLOPS = {
 
 def device_peak_flops(device=None):
     """The accelerator's dense 16-bit peak, or None (CPU or a device not in PEAK_FLOPS)."""
-    if not torch.cuda.is_available() or (device is not None and
-                                         torch.device(device).type != 'cuda'):
+    on_cuda = device is None or torch.device(device).type == 'cuda'
+    if not (torch.cuda.is_available() and on_cuda):
         return None
     return PEAK_FLOPS.get(torch.cuda.get_device_name(device))
 
@@ -361,8 +341,7 @@ def autocast(device, dtype):
     """Mixed precision for a dtype name; float32 runs as it is."""
     if dtype == 'float32':
         return nullcontext()
-    kind = 'cuda' if device.startswith('cuda') else 'cpu'
-    return torch.autocast(kind, dtype=getattr(torch, dtype))
+    return torch.autocast('cuda' if device.startswith('cuda') else 'cpu', getattr(torch, dtype))
 
 
 # -----------------------------------------------------------------------------
@@ -382,10 +361,7 @@ def atomic_write(path, write):
 
 
 def write_text(path, text):
-    def write(tmp):
-        with open(tmp, 'w') as f:
-            f.write(text)
-    atomic_write(path, write)
+    atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(text))
 
 
 def write_json(path, obj):
@@ -394,8 +370,7 @@ def write_json(path, obj):
 
 def read_json(path, what):
     try:
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(pathlib.Path(path).read_text())
     except FileNotFoundError:
         raise UserError(f"{what} not found at {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -406,12 +381,11 @@ def read_json(path, what):
 def read_jsonl(path):
     """The entries of a JSON-lines log, without a last line cut short by a crash."""
     entries = []
-    with open(path) as f:
-        for line in f:
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in pathlib.Path(path).read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return entries
 
 
@@ -426,15 +400,6 @@ def save_checkpoint(ckpt, path):
         raise OSError(errno.ENOSPC if free < 2 ** 30 else errno.EIO,
                       f"{str(e).strip().splitlines()[0][:120]}; {free / 2 ** 20:.0f} MiB free",
                       path) from None
-
-
-def model_from_checkpoint(path, verbose=True):
-    """(model, checkpoint dict) of a checkpoint file: reading it is this module's, making the model
-    model.py's (GPT.from_checkpoint); either failing is one line that names the file."""
-    from model import GPT
-    ckpt = load_checkpoint(path)
-    with model_errors(path):
-        return GPT.from_checkpoint(ckpt, verbose=verbose), ckpt
 
 
 def load_checkpoint(path, map_location='cpu', mmap=False):
@@ -455,3 +420,12 @@ def load_checkpoint(path, map_location='cpu', mmap=False):
         raise UserError(f"{path} is not a kvgpt/nanoGPT checkpoint (it needs 'model' and "
                         "'model_args')")
     return ckpt
+
+
+def model_from_checkpoint(path, verbose=True):
+    """(model, checkpoint) of a checkpoint file: reading it is this module's, making the model
+    model.py's (GPT.from_checkpoint); either failing is one line that names the file."""
+    from model import GPT
+    ckpt = load_checkpoint(path)
+    with model_errors(path):
+        return GPT.from_checkpoint(ckpt, verbose=verbose), ckpt
