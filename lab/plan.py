@@ -31,7 +31,7 @@ ARM_KEYS = {'variant', 'weight_decay', 'lr', 'grid', 'settings', 'tuning'}
 PHASE_KEYS = {'name', 'kind', 'arms', 'seeds', 'budget', 'init_std', 'dtype', 'tag', 'lr_factors',
               'settings', 'above', 'steps'}
 TUNING = dict(seeds=(), step=2 ** 0.5, extend=3, anchor=2e-3, wd_grid=None, wd_step=None,
-              lr_start=None)
+              lr_start=None, keep=None, margin=0.0)
 
 
 class Study:
@@ -152,10 +152,12 @@ def bracket(losses, step):
     return outward(best, losses, step)
 
 
-def search(runs_at, grid, step, results, extend):
+def search(runs_at, grid, step, results, extend, keep=None, margin=0.0):
     """(runs named so far, the value with the lowest mean loss over its runs, or None while one is
     missing); runs_at(value) is the runs at a value, one per selection seed. The grid grows by
-    the bracket rule, at most `extend` values."""
+    the bracket rule, at most `extend` values. keep: a value that stays selected unless another
+    one's mean loss is lower than its own by more than margin (%), what one seed can resolve
+    (v6's check of a selection at a longer budget)."""
     values = list(grid)
     while True:
         runs = [r for v in values for r in runs_at(v)]
@@ -165,8 +167,16 @@ def search(runs_at, grid, step, results, extend):
         means = {v: sum(x) / len(x) for v, x in losses.items()}
         nxt = bracket(means, step)
         if nxt is None or len(values) - len(grid) >= extend:
-            return runs, min(means, key=means.get)
+            return runs, kept(means, keep, margin)
         values.append(nxt)
+
+
+def kept(means, keep, margin):
+    """The value with the lowest mean, or `keep` unless that one beats it by more than margin %."""
+    best = min(means, key=means.get)
+    if keep is None or means[best] < means[keep] * (1 - margin / 100):
+        return best
+    return keep
 
 
 def lr_grid(s, arm, chosen):
@@ -204,7 +214,7 @@ def tune(s, arm, results, chosen):
     if grid is None:
         return runs, None
     lr_runs, lr = search(lambda v: [Run(arm, v, wd, seed) for seed in t['seeds']], grid,
-                         t['step'], results, t['extend'])
+                         t['step'], results, t['extend'], t['keep'], t['margin'])
     runs += [r for r in lr_runs if r not in runs]
     return runs, (None if lr is None else (lr, wd))
 

@@ -56,6 +56,23 @@ def test_tuning_takes_the_mean_over_seeds_and_brackets_it():
     assert P.tune(s, 'reduced', results, {})[1] == (5.66e-3, 2 ** -5)
 
 
+def test_a_kept_selection_stays_unless_another_lr_beats_it_by_the_margin():
+    """v6's 16x check: each arm's 4x selection on seed 201 against one sqrt(2) step below, with
+    no bracket extension; the lower LR is taken only when it is lower by more than 0.5%."""
+    s = load('v6')
+    arm = 'baseline_anneal16x'
+    name = lambda lr: P.Run(arm, lr, 0.1, 201).name
+    runs, chosen = P.tune(s, arm, {}, {})
+    assert chosen is None and sorted(r.lr for r in runs) == [2e-3, 2.83e-3]
+    assert {r.seed for r in runs} == {201}
+    # lower by 0.4%: the selection stays, and the grid is not extended below
+    runs, chosen = P.tune(s, arm, {name(2.83e-3): 1.000, name(2e-3): 0.996}, {})
+    assert chosen == (2.83e-3, 0.1) and len(runs) == 2
+    # lower by 0.6%: the lower LR is taken
+    assert P.tune(s, arm, {name(2.83e-3): 1.000, name(2e-3): 0.994}, {})[1] == (2e-3, 0.1)
+    assert P.kept({1: 1.0, 2: 0.9}, None, 0.5) == 2  # no kept value: the lowest mean
+
+
 def test_v2_tunes_weight_decay_first_then_lr_at_it():
     s = load('v2')
     results = {}

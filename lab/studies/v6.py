@@ -1,0 +1,84 @@
+"""Experiment v6: why W_Q = I costs at 4x, and whether it lasts (docs/experiments.md).
+
+v5's 4x pair at scale 1/8 and lambda 0.1 (W_Q learned against W_Q = I) is the reference, reused by
+name with v4's and v5's 1x and 4x runs that the mechanism tables read. New runs: the same pair at
+16x the tokens (19,200 steps), its LRs checked on selection seed 201 at v5's 4x selections and one
+sqrt(2) step below, then tested on seeds 301-306; and at 4x a cheap query, the follow-up's
+nonlinear query at rank n_embd/8 on top of x (q = x + f(x)), tuned on 201-203 and tested on
+301-310; last, if the budget allows, the follow-up's full nonlinear query (rank n_embd/2). The
+design is the docs'; change it there first.
+"""
+name = 'v6'
+docs = 'docs/experiments.md'
+base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
+reuse = ('v5', 'v4')  # the 1x and 4x references: the same commands and names
+HD = 128 // 2  # head size at this geometry (n_embd 128, 2 heads)
+FULL = dict(attn_scale=HD ** -0.5)  # the standard 1/sqrt(d_head) = 1/8, as v5
+ANNEAL = dict(warmup_iters=24, lr_decay_iters=1200)  # v4's and v5's 1x: 2.46M tokens
+ANNEAL_4X = dict(max_iters=4800, warmup_iters=96, lr_decay_iters=4800)  # 9.83M tokens
+ANNEAL_16X = dict(max_iters=19200, warmup_iters=384, lr_decay_iters=19200)  # 39.3M tokens
+LOW = 2 ** -5
+# the follow-up's nonlinear query on top of x: q = x + f(x), f(x) = LN(GELU(RMSNorm(x) W1) W2);
+# at f = 0 it is the W_Q = I arm's query, at the same scale 1/8
+CHEAP = dict(ANNEAL_4X, **FULL, query_rank=128 // 8, query_mix=1.0)  # 4,352 a layer
+FULL_QUERY = dict(ANNEAL_4X, **FULL, query_rank=128 // 2, query_mix=1.0)  # 16,640: W_Q's budget
+# the 16x check: each arm at its 4x selection, kept unless one sqrt(2) step below beats it on
+# seed 201 by more than 0.5% (what one seed can resolve)
+CHECK = dict(seeds=(201,), extend=0, margin=0.5)
+arms = {
+    # the references, at their selections (v4's and v5's tuning tables), not run again
+    'baseline_anneal': dict(variant='baseline', weight_decay=0.1, lr=2.83e-3, settings=ANNEAL),
+    'identity_anneal_wd0.1': dict(variant='reduced', weight_decay=0.1, lr=4e-3,
+                                  settings=dict(ANNEAL, **FULL)),
+    'baseline_anneal4x': dict(variant='baseline', weight_decay=0.1, lr=2.83e-3,
+                              settings=ANNEAL_4X),
+    'identity_anneal4x_wd0.1': dict(variant='reduced', weight_decay=0.1, lr=4e-3,
+                                    settings=dict(ANNEAL_4X, **FULL)),
+    'reduced_anneal': dict(variant='reduced', weight_decay=LOW, lr=4e-3, settings=ANNEAL),
+    'reduced_anneal4x': dict(variant='reduced', weight_decay=LOW, lr=4e-3, settings=ANNEAL_4X),
+    # 16x: the 4x pair's commands with 4x the steps, warmup and horizon
+    'baseline_anneal16x': dict(variant='baseline', weight_decay=0.1, settings=ANNEAL_16X,
+                               grid=(2e-3, 2.83e-3), tuning=dict(CHECK, keep=2.83e-3)),
+    'identity_anneal16x_wd0.1': dict(variant='reduced', weight_decay=0.1,
+                                     settings=dict(ANNEAL_16X, **FULL), grid=(2.83e-3, 4e-3),
+                                     tuning=dict(CHECK, keep=4e-3)),
+    # the cheap query at 4x, tuned around W_Q = I's 4x selection
+    'query16_anneal4x_wd0.1': dict(variant='nonlinear', weight_decay=0.1, settings=CHEAP,
+                                   grid=dict(around='identity_anneal4x_wd0.1')),
+    # the follow-up's full nonlinear query (if the budget allows)
+    'nonlinear_anneal4x_wd0.1': dict(variant='nonlinear', weight_decay=0.1, settings=FULL_QUERY,
+                                     grid=dict(around='identity_anneal4x_wd0.1')),
+}
+tuning = dict(seeds=(201, 202, 203), step=2 ** 0.5, extend=3, anchor=2e-3)
+TEST = tuple(range(301, 311))
+TEST_16X = TEST[:6]
+# in this order, so that a partial result is still an answer
+phases = [
+    dict(name='check', kind='at', arms=('baseline_anneal',), seeds=TEST[:1], tag='rerun_v6'),
+    dict(name='check 16x', kind='tune', arms=('baseline_anneal16x', 'identity_anneal16x_wd0.1')),
+    dict(name='tuning query', kind='tune', arms=('query16_anneal4x_wd0.1',)),
+    dict(name='test query', kind='at', arms=('query16_anneal4x_wd0.1',), seeds=TEST),
+    dict(name='test 16x', kind='at', arms=('baseline_anneal16x', 'identity_anneal16x_wd0.1'),
+         seeds=TEST_16X),
+    dict(name='tuning nonlinear', kind='tune', arms=('nonlinear_anneal4x_wd0.1',)),
+    dict(name='test nonlinear', kind='at', arms=('nonlinear_anneal4x_wd0.1',), seeds=TEST),
+]
+
+# the write-up: docs/experiments.md's generated blocks
+B4, I4, Q4, N4 = ('baseline_anneal4x', 'identity_anneal4x_wd0.1', 'query16_anneal4x_wd0.1',
+                  'nonlinear_anneal4x_wd0.1')
+B16, I16 = 'baseline_anneal16x', 'identity_anneal16x_wd0.1'
+FAMILY = 3  # j, k, l: Holm over three, l counted as p = 1 while it is not run
+# each read unpaired (Welch), as v5's 4x; l joins by an amendment if its arm runs
+J = dict(label='j', arm=I16, ref=B16, seeds=TEST_16X, unpaired=True)  # does the cost last?
+K = dict(label='k', arm=Q4, ref=B4, seeds=TEST, unpaired=True)  # does a cheap query recover it?
+BESIDE = [  # outside the family, unadjusted
+    dict(label="k'", arm=Q4, ref=I4, seeds=TEST, unpaired=True)]
+tables = dict(
+    v6_check=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun_v6'),
+    v6_check_16x=dict(kind='tuning', arms=(B16, I16)),
+    v6_tuning_query=dict(kind='tuning', arms=(Q4, N4)),
+    v6_query=dict(kind='decisions', comparisons=[K], family=FAMILY, margin=0.5, beside=BESIDE),
+    v6_family=dict(kind='decisions', comparisons=[J, K], family=FAMILY, margin=0.5,
+                   beside=BESIDE),
+)
