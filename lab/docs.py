@@ -25,7 +25,9 @@ TABLES = dict(tuning=tables.tuning_table, stability=tables.stability_table,
               wd_lr_tuning=tables.wd_lr_tuning_table, arm_verdicts=tables.arm_verdicts_table,
               trend=tables.trend_table, geometry=tables.geometry_table,
               refine=tables.refine_table, diagnostics_note=tables.diagnostics_note,
-              pilot=tables.pilot_table, tokens_gaps=tables.tokens_gaps_table)
+              pilot=tables.pilot_table, tokens_gaps=tables.tokens_gaps_table,
+              onsets=tables.onsets_table, gap_steps=tables.gap_steps_table,
+              attention_lag=tables.attention_lag_table)
 BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
 
 

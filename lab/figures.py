@@ -261,8 +261,40 @@ def budgets_figure(ctx, path, comparisons, references, params, paper=440):
     return True
 
 
+def onset_gaps_figure(ctx, path, comparison, threshold):
+    """One panel a seed: the paired gap on the fixed val windows against the step, with the
+    reference's induction onset (solid) and the arm's (dashed) at threshold."""
+    c = comparison
+    series = tables.trajectories(ctx, c['arm'], c['ref'], c['seeds'])
+    if len(series) < len(c['seeds']):
+        return None
+    cols = 5
+    rows = math.ceil(len(series) / cols)
+    fig, axes = report.pyplot().subplots(rows, cols, figsize=(3 * cols, 2.6 * rows), sharex=True,
+                                         sharey=True, squeeze=False)
+    for ax, (seed, gap) in zip(axes.flat, sorted(series.items())):
+        steps = sorted(gap)
+        ax.plot(steps, [gap[k] for k in steps], color='C0', lw=1)
+        ax.axhline(0, color='black', lw=0.6)
+        for run, style in ((ctx.at(c['ref'], seed), '-'), (ctx.at(c['arm'], seed), '--')):
+            on = tables.onset(tables.induction_curve(ctx.log(run)), threshold)
+            if on is not None:
+                ax.axvline(on, color='C3', lw=1, ls=style)
+        ax.set_title(f"seed {seed}", fontsize=9)
+    for ax in list(axes.flat)[len(series):]:
+        ax.axis('off')
+    for ax in axes[-1]:
+        ax.set_xlabel('step')
+    for ax in axes[:, 0]:
+        ax.set_ylabel('paired gap (%)')
+    fig.suptitle(f"{tables.pair_name(c)}: the gap on the fixed val windows; induction onset at "
+                 f"{threshold:g}, {c['ref']} solid, {c['arm']} dashed", fontsize=10)
+    report.save_figure(fig, path)
+    return True
+
+
 FIGURES = dict(seed_gaps=seed_gaps_figure, trend=trend_figure, geometry=geometry_figure,
                diagnostics=diagnostics_figure,
                stability=stability_figure, trajectory=trajectory_figure,
                induction=induction_figure, lag=lag_figure, logits=logits_figure,
-               budgets=budgets_figure)
+               budgets=budgets_figure, onset_gaps=onset_gaps_figure)

@@ -42,6 +42,14 @@ def interval95(values):
     return m, m - half, m + half
 
 
+def fisher_interval(r, n, level=0.95):
+    """The interval of a Pearson correlation r over n points, by Fisher's z."""
+    from scipy import stats
+    z, half = math.atanh(max(min(r, 1 - 1e-12), -1 + 1e-12)), stats.norm.ppf(
+        0.5 + level / 2) / math.sqrt(n - 3)
+    return math.tanh(z - half), math.tanh(z + half)
+
+
 def slope(xs, ys):
     """The least-squares slope of ys against xs (scipy's linregress)."""
     from scipy.stats import linregress

@@ -903,6 +903,160 @@ def induction_table(ctx, arms, seeds, threshold, figure):
             + ('\n' + note if note else ''))
 
 
+# -----------------------------------------------------------------------------
+# the mechanism (v6): induction onsets seed by seed, the gap through the run, attention before
+# the heads form
+
+def pair_runs(ctx, c):
+    """{seed: (reference's run, arm's run)} of a comparison, or None until every seed is in."""
+    runs = {s: (ctx.at(c['ref'], s), ctx.at(c['arm'], s)) for s in c['seeds']}
+    return None if any(ctx.loss(x) is None for p in runs.values() for x in p) else runs
+
+
+def censored_onset(ctx, run, threshold):
+    """(onset step or None for never, the step counted in a correlation: a never as the run's last
+    evaluation plus one interval, a lower bound)."""
+    curve = induction_curve(ctx.log(run))
+    on = onset(curve, threshold)
+    steps = sorted(curve)
+    return on, on if on is not None else steps[-1] + (steps[-1] - steps[-2])
+
+
+def onset_row(ctx, ref, arm, threshold):
+    """One seed: (final gap %, (ref onset, arm onset), delay counted, (ref peak, arm peak))."""
+    ons = [censored_onset(ctx, r, threshold) for r in (ref, arm)]
+    peaks = [max(v[0] for v in induction_curve(ctx.log(r)).values()) for r in (ref, arm)]
+    gap = 100 * (ctx.loss(arm) - ctx.loss(ref)) / ctx.loss(ref)
+    both_never = ons[0][0] is None and ons[1][0] is None
+    return gap, (ons[0][0], ons[1][0]), None if both_never else ons[1][1] - ons[0][1], peaks
+
+
+def onset_text(step):
+    return 'never' if step is None else str(step)
+
+
+def correlation_cells(xs, ys):
+    """'r [95% interval] (p) | Spearman rho (p)' of paired values; '-' under four points."""
+    from scipy.stats import pearsonr, spearmanr
+    if len(xs) < 4 or len(set(xs)) < 2:
+        return '- | -'
+    r, p = pearsonr(xs, ys)
+    lo, hi = stats.fisher_interval(r, len(xs))
+    rho, p_rho = spearmanr(xs, ys)
+    return f"{r:+.2f} [{lo:+.2f}, {hi:+.2f}] ({fmt_p(p)}) | {rho:+.2f} ({fmt_p(p_rho)})"
+
+
+def onsets_table(ctx, pairs, thresholds):
+    """Seed by seed, for each pair: the final gap (full val loss), both arms' induction onsets at
+    the first threshold (the first evaluation whose strongest head reaches it), the delay, and
+    both arms' peak scores; then, at every threshold, the correlation of the final gap with the
+    delay across seeds (Pearson with Fisher's 95% interval, Spearman beside). A never counts as
+    the run's last evaluation plus one interval; a seed where neither arm reaches the threshold
+    has no delay and sits out the correlation."""
+    done = [(c, runs) for c in pairs if (runs := pair_runs(ctx, c))]
+    rest = [pair_name(c) for c in pairs if not pair_runs(ctx, c)]
+    note = f"\nNot yet: {', '.join(rest)}.\n" if rest else ""
+    if not done:
+        return note.lstrip('\n')
+    first = thresholds[0]
+    rows = md.head('pair', 'seed', 'final gap', f'onset at {first:g} (ref, arm)',
+                   'delay (steps)', 'peak score (ref, arm)')
+    for c, runs in done:
+        for seed, (ref, arm) in runs.items():
+            gap, ons, delay, peaks = onset_row(ctx, ref, arm, first)
+            rows.append(f"| {c['label']} | {seed} | {pct(gap)} | {onset_text(ons[0])}, "
+                        f"{onset_text(ons[1])} | {'–' if delay is None else f'{delay:+d}'} | "
+                        f"{peaks[0]:.3f}, {peaks[1]:.3f} |")
+    lines = md.head('pair', 'threshold', 'seeds with a delay', 'mean delay (steps)',
+                    'r of the final gap with the delay [95%] (p)', 'Spearman ρ (p)')
+    for c, runs in done:
+        for threshold in thresholds:
+            found = [onset_row(ctx, ref, arm, threshold) for ref, arm in runs.values()]
+            found = [(d, g) for g, _, d, _ in found if d is not None]
+            delays, gaps = [d for d, _ in found], [g for _, g in found]
+            mean = f"{sum(delays) / len(delays):+.0f}" if delays else '–'
+            lines.append(f"| {c['label']} | {threshold:g} | {len(found)} of {len(runs)} | {mean} | "
+                         + correlation_cells(delays, gaps) + " |")
+    legend = '; '.join(f"{c['label']}: {c['arm']} − {c['ref']}" for c, _ in done)
+    return ('\n'.join(rows) + '\n\n' + '\n'.join(lines) + f"\n\nPairs: {legend}. A never counts "
+            "as the run's last evaluation plus one interval (a lower bound); a seed where neither "
+            "arm reaches the threshold has no delay.\n" + note)
+
+
+def gap_steps_table(ctx, pairs, steps):
+    """The paired gap on the fixed val windows at each of these steps (mean over seeds [95%
+    interval]), pairs side by side, with the tokens seen; '' where a pair has no evaluation
+    there. The last row: the full val loss at each pair's end."""
+    done = [(c, series) for c in pairs
+            if len(series := trajectories(ctx, c['arm'], c['ref'], c['seeds'])) == len(c['seeds'])]
+    rest = [pair_name(c) for c in pairs if c not in [d for d, _ in done]]
+    note = f"\nNot yet: {', '.join(rest)}.\n" if rest else ""
+    if not done:
+        return note.lstrip('\n')
+    per_step = S.tokens(S.base_config(ctx.s)) // S.base_config(ctx.s)['max_iters']
+    rows = md.head('step', 'tokens', *(c['label'] for c, _ in done))
+    for k in steps:
+        cells = [interval_cell([g[k] for g in series.values()]) if all(k in g for g in
+                 series.values()) else '' for _, series in done]
+        if any(cells):
+            rows.append(f"| {k} | {k * per_step / 1e6:.2f}M | " + " | ".join(cells) + " |")
+    ends = [interval_cell(list(ctx.gaps(c['arm'], c['ref'], c['seeds']).values()))
+            for c, _ in done]
+    rows.append("| end, full val loss | | " + " | ".join(ends) + " |")
+    legend = '; '.join(f"{c['label']}: {c['arm']} − {c['ref']}, seeds {c['seeds'][0]}–"
+                       f"{c['seeds'][-1]}" for c, _ in done)
+    return '\n'.join(rows) + f"\n\nPaired gap, mean over seeds [95% interval]. {legend}.\n" + note
+
+
+def diag_gap(ctx, runs, step, key, layer):
+    """{seed: the arm's logged diagnostic minus its reference's} at an evaluation step."""
+    out = {}
+    for seed, pair in runs.items():
+        values = [next((e['diagnostics'][key][layer] for e in ctx.log(r)
+                        if e['iter'] == step and 'diagnostics' in e), None) for r in pair]
+        if None not in values:
+            out[seed] = values[1] - values[0]
+    return out
+
+
+def attention_lag_table(ctx, pair, steps, threshold):
+    """Before and apart from the induction heads: per layer, the arm's attention logit std and
+    entropy minus its reference's at some steps (mean over seeds [95% interval]); then seed by
+    seed the paired gap on the fixed val windows averaged over the evaluations before the earlier
+    of the two onsets (step 0 left out), with how many evaluations that is."""
+    runs = pair_runs(ctx, pair)
+    if runs is None:
+        return f"Not yet: {pair_name(pair)} on every seed.\n"
+    layers = len(next(e for e in ctx.log(runs[pair['seeds'][0]][0]) if 'diagnostics' in e)
+                 ['diagnostics']['logit_std'])
+    rows = md.head('measure', 'layer', *(f"step {k}" for k in steps))
+    for key, name, scale in (('logit_std', 'logit std', 1), ('entropy', 'entropy (nats)', 1)):
+        for layer in range(layers):
+            cells = []
+            for k in steps:
+                d = list(diag_gap(ctx, runs, k, key, layer).values())
+                m, lo, hi = stats.interval95(d) if len(d) > 1 else (float('nan'),) * 3
+                cells.append(f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" if d else '')
+            rows.append(f"| {name} | {layer} | " + " | ".join(cells) + " |")
+    series = trajectories(ctx, pair['arm'], pair['ref'], pair['seeds'])
+    before = md.head('seed', f'earlier onset at {threshold:g}', 'evaluations before it',
+                     'mean paired gap before it')
+    means = []
+    for seed, (ref, arm) in runs.items():
+        ons = [onset(induction_curve(ctx.log(r)), threshold) for r in (ref, arm)]
+        first = min((o for o in ons if o is not None), default=None)
+        gaps = [g for k, g in series[seed].items() if first is None or k < first]
+        if gaps:
+            means.append(sum(gaps) / len(gaps))
+        before.append(f"| {seed} | {onset_text(first)} | {len(gaps)} | "
+                      + (pct(means[-1]) if gaps else '–') + " |")
+    summary = (f"Over the {len(means)} seeds with evaluations before an onset: "
+               f"{interval_cell(means)} (mean [95% interval]).\n" if len(means) > 1 else "")
+    return ('\n'.join(rows) + f"\n\n{pair_name(pair)}: the arm minus its reference, mean over "
+            f"seeds {pair['seeds'][0]}–{pair['seeds'][-1]} [95% interval].\n\n"
+            + '\n'.join(before) + '\n\n' + summary)
+
+
 def diag_mean(ctx, arm, seeds, step, key, layer=None):
     """The mean over seeds of a logged diagnostic at an evaluation step (one layer, or the mean
     over layers)."""

@@ -258,3 +258,81 @@ def test_the_tokens_table_gives_each_budgets_paired_and_unpaired_gap_and_waits_f
                        f"{mean + welch:+.2f}%] |")
     assert rows[3] == "| other | 105002 | 51610.58M | 51.6 | 1–2 | not yet (1 of 2 seeds) | |"
     assert "~440 tokens per parameter" in rows[-1]
+
+
+class Onsets:
+    """Enough of a Context for the onset tables: each (arm, seed) run has an induction curve that
+    jumps from 0.01 to `peak` at `on` (None: never), a full val loss, and val losses and attention
+    diagnostics at each evaluation."""
+
+    def __init__(self, runs, evals=range(0, 1100, 100)):
+        self.runs, self.evals = runs, evals  # {(arm, seed): (onset, peak, final loss)}
+
+    def at(self, arm, seed, budget=1.0):
+        return (arm, seed)
+
+    def loss(self, run):
+        return self.runs[run][2] if run in self.runs else None
+
+    def log(self, run):
+        on, peak, final = self.runs[run]
+        return [dict(iter=t, val_loss=final + (1000 - t) / 1000, induction=[[0.01, 0.0], [
+            peak if on is not None and t >= on else 0.01, 0.0]], repeat_loss=1.0,
+            diagnostics=dict(logit_std=[1.0 + (run[0] == 'arm') * t / 1000],
+                             entropy=[2.0])) for t in self.evals]
+
+    def gaps(self, arm, ref, seeds):
+        return {s: 100 * (self.loss((arm, s)) - self.loss((ref, s))) / self.loss((ref, s))
+                for s in seeds if (arm, s) in self.runs and (ref, s) in self.runs}
+
+
+def onsets_ctx(never_seed=True):
+    runs = {}
+    for seed, (ref_on, arm_on, gap) in {1: (200, 300, 1.0), 2: (200, 500, 3.0), 3: (300, 300, 0.0),
+                                        4: (200, 400, 2.0), 5: (400, None, 7.0)}.items():
+        runs[('ref', seed)] = (ref_on, 0.2, 1.0)
+        runs[('arm', seed)] = (arm_on if never_seed or seed != 5 else 900, 0.1, 1 + gap / 100)
+    runs[('ref', 6)], runs[('arm', 6)] = (None, 0.02, 1.0), (None, 0.02, 1.01)
+    return Onsets(runs)
+
+
+def test_the_onset_table_gives_each_seeds_delay_counting_a_never_as_a_lower_bound():
+    c = dict(label='4×', arm='arm', ref='ref', seeds=(1, 2, 3, 4, 5, 6))
+    text = tables.onsets_table(onsets_ctx(), [c], (0.05,))
+    assert "| 4× | 2 | +3.00% | 200, 500 | +300 | 0.200, 0.100 |" in text
+    # never: the last evaluation (1000) plus one interval, 1100 - 400 = +700
+    assert "| 4× | 5 | +7.00% | 400, never | +700 | 0.200, 0.010 |" in text
+    assert "| 4× | 6 | +1.00% | never, never | – | 0.010, 0.010 |" in text  # no delay
+    # delays 100, 300, 0, 200, 700 against gaps 1, 3, 0, 2, 7: an exact line, r = +1
+    assert "| 4× | 0.05 | 5 of 6 | +260 | +1.00 [+1.00, +1.00] (0e+00) | +1.00 (" in text
+    # a threshold nobody reaches: no seed has a delay, no correlation
+    assert "| 4× | 0.5 | 0 of 6 | – | - | - |" in tables.onsets_table(onsets_ctx(), [c], (0.5,))
+
+
+def test_the_onset_table_waits_for_every_seed_of_a_pair():
+    c = dict(label='4×', arm='arm', ref='ref', seeds=(1, 7))
+    assert tables.onsets_table(onsets_ctx(), [c], (0.05,)) == "Not yet: 4× arm − ref.\n"
+
+
+def test_the_gap_steps_table_sets_pairs_side_by_side_at_the_steps_they_share(monkeypatch):
+    ctx = onsets_ctx()
+    ctx.s = None
+    base = dict(max_iters=1000, batch_size=2, block_size=5, gradient_accumulation_steps=1)
+    monkeypatch.setattr(tables.S, 'base_config', lambda s: base)  # 10 tokens a step
+    a = dict(label='long', arm='arm', ref='ref', seeds=(1, 2))
+    text = tables.gap_steps_table(ctx, [a], (100, 1000, 2000))
+    # at step 1000 both arms' val loss is their final loss: the gaps +1% and +3%
+    assert "| 1000 | 0.01M | +2.00% [" in text
+    assert "| 100 |" in text and "| 2000 |" not in text  # no pair reaches 2000
+    assert "| end, full val loss | | +2.00% [" in text
+
+
+def test_the_attention_table_gives_the_arm_minus_its_reference_and_the_gap_before_the_onsets():
+    c = dict(label='4×', arm='arm', ref='ref', seeds=(1, 2, 3, 4))
+    text = tables.attention_lag_table(onsets_ctx(), c, (500, 1000), 0.05)
+    # the arm's logit std runs ahead by t/1000 on every seed: +0.5 at 500, +1 at 1000
+    assert "| logit std | 0 | +0.500 [+0.500, +0.500] | +1.000 [+1.000, +1.000] |" in text
+    assert "| entropy (nats) | 0 | +0.000 [" in text
+    # seed 1: onsets 200 and 300, one evaluation (100) before the earlier; its gap there is
+    # 100 * ((1.01 + 0.9) - (1 + 0.9)) / 1.9
+    assert f"| 1 | 200 | 1 | {100 * 0.01 / 1.9:+.2f}% |" in text

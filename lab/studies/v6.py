@@ -74,11 +74,30 @@ J = dict(label='j', arm=I16, ref=B16, seeds=TEST_16X, unpaired=True)  # does the
 K = dict(label='k', arm=Q4, ref=B4, seeds=TEST, unpaired=True)  # does a cheap query recover it?
 BESIDE = [  # outside the family, unadjusted
     dict(label="k'", arm=Q4, ref=I4, seeds=TEST, unpaired=True)]
+# the mechanism, on v4's and v5's committed runs (the design's item 2)
+PAIRS = [
+    dict(label='4×', arm=I4, ref=B4, seeds=TEST),  # v5's 4x pair: f
+    dict(label='1×', arm='identity_anneal_wd0.1', ref='baseline_anneal', seeds=TEST),  # v5's a
+    dict(label="recipe 4×", arm='reduced_anneal4x', ref=B4, seeds=TEST[:8]),  # v4's recipe
+    dict(label="recipe 1×", arm='reduced_anneal', ref='baseline_anneal', seeds=TEST)]
+PAIRS_16X = [dict(label='16×', arm=I16, ref=B16, seeds=TEST_16X), *PAIRS[:2]]
+THRESHOLDS = (0.05, 0.03, 0.1)  # the onset, then the sensitivity checks
+STEPS = (100, 200, 400, 600, 800, 1200, 1600, 2400, 3600, 4800)
 tables = dict(
+    v6_onsets=dict(kind='onsets', pairs=PAIRS, thresholds=THRESHOLDS),
+    v6_gap_steps=dict(kind='gap_steps', pairs=PAIRS, steps=STEPS),
+    v6_attention=dict(kind='attention_lag', pair=PAIRS[0], steps=(100, 200, 400, 800, 1600, 4800),
+                      threshold=THRESHOLDS[0]),
     v6_check=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun_v6'),
     v6_check_16x=dict(kind='tuning', arms=(B16, I16)),
     v6_tuning_query=dict(kind='tuning', arms=(Q4, N4)),
     v6_query=dict(kind='decisions', comparisons=[K], family=FAMILY, margin=0.5, beside=BESIDE),
     v6_family=dict(kind='decisions', comparisons=[J, K], family=FAMILY, margin=0.5,
                    beside=BESIDE),
+    v6_onsets_16x=dict(kind='onsets', pairs=PAIRS_16X[:1], thresholds=THRESHOLDS),
+    v6_gap_steps_16x=dict(kind='gap_steps', pairs=PAIRS_16X,
+                          steps=STEPS + (7200, 9600, 14400, 19200)),
 )
+figures = {
+    'v6_onset_gaps.png': dict(kind='onset_gaps', comparison=PAIRS[0], threshold=THRESHOLDS[0]),
+}
