@@ -251,9 +251,9 @@ def budgets_figure(ctx, path, comparisons, references, params, paper=440):
                     marker='o' if annealed else 's', color='C0' if annealed else 'grey',
                     label=c['label'] + ('' if annealed else ' (drawn just left of its budget)'))
     ax.axvline(paper, color='black', ls=':', lw=1,
-               label=f"the paper's runs: ~{paper} tokens per parameter")
+               label=f"the paper's runs: ~{paper} GPT-2 BPE tokens per parameter")
     ax.axhline(0, color='black', lw=0.8)
-    ax.set(xscale='log', xlabel='tokens per parameter (baseline)', xlim=(1, 1000),
+    ax.set(xscale='log', xlabel="byte tokens per baseline parameter", xlim=(1, 1000),
            ylabel='reduced − baseline, full val loss (%)',
            title='the paired gap at the end of each budget (95% interval)')
     ax.legend(fontsize=7)

@@ -138,7 +138,8 @@ def welch_tests(arm, ref, margin):
                 p_tost=max(t.sf((mean + margin) / se, df), t.cdf((mean - margin) / se, df)))
 
 
-def compare(gap_sets, margin=MARGIN, alpha=ALPHA, worse_margin=None, family=None):
+def compare(gap_sets, margin=MARGIN, alpha=ALPHA, worse_margin=None, family=None,
+            one_level=False):
     """The decision rule for each comparison's paired gaps (%), Holm-corrected across them: per
     comparison its tests, their Holm adjustments, the interval at its Holm level, the verdict, and
     the smallest gap its noise detects with 80% power at Holm's strictest level (mde). A set of
@@ -148,7 +149,9 @@ def compare(gap_sets, margin=MARGIN, alpha=ALPHA, worse_margin=None, family=None
     rule), and the smallest margins the data support at the comparison's Holm level (ni_bound for
     "not worse", tost_bound for "matches"). family: the family's declared size when some of its
     comparisons are not in yet: they count as p = 1, so every adjusted p is an upper bound of
-    its final value and a verdict reached stands."""
+    its final value and a verdict reached stands. one_level: every interval and margin at
+    Bonferroni's alpha / family instead of each comparison's Holm level, so that all of them
+    hold together at alpha whatever Holm's step-down does (the verdicts stay Holm's)."""
     out = [dict(g) if isinstance(g, dict) else tests(g, margin) for g in gap_sets]
     t = t_dist()
     size = max(family or 0, len(out))
@@ -167,7 +170,7 @@ def compare(gap_sets, margin=MARGIN, alpha=ALPHA, worse_margin=None, family=None
     by_p = sorted(range(len(out)), key=lambda i: out[i]['p_t'])
     for step, i in enumerate(by_p):  # the level at which Holm tests comparison i
         r = out[i]
-        r['level'] = 1 - alpha / (size - step)
+        r['level'] = 1 - alpha / (size if one_level else size - step)
         df = r['df']
         r['half'] = t.ppf(1 - (1 - r['level']) / 2, df) * r['se'] if df else float('nan')
         r['verdict'] = ('worse' if r['mean'] > 0 else 'better') if r['p_t_holm'] < alpha else \
@@ -176,7 +179,8 @@ def compare(gap_sets, margin=MARGIN, alpha=ALPHA, worse_margin=None, family=None
         r['flag'] = r['p_perm'] is not None and (r['p_t'] < alpha) != (r['p_perm'] < alpha)
         r['mde'] = resolution(r['se'], df, alpha / size)
         if worse_margin is not None:  # each margin at the level Holm tests its test at
-            bound = lambda key: t.ppf(1 - r[key + '_alpha'], df) * r['se'] if df else math.nan
+            level = lambda key: alpha / size if one_level else r[key + '_alpha']
+            bound = lambda key: t.ppf(1 - level(key), df) * r['se'] if df else math.nan
             r['ni_bound'] = r['mean'] + bound('p_ni')
             r['tost_bound'] = abs(r['mean']) + bound('p_tost')
     return out

@@ -447,12 +447,13 @@ def decision_gaps(ctx, comparisons):
     return gaps
 
 
-def decisions_table(ctx, comparisons, family, margin, beside=()):
+def decisions_table(ctx, comparisons, family, margin, beside=(), one_level=False):
     """v5's rule: worse, better, matches (TOST within +-margin), not worse (one-sided below
     +margin) or could not tell, Holm over a family of `family` comparisons read as soon as every
     one declared so far has all its seeds (those not declared yet count as p = 1: the adjusted p
     values are upper bounds, so a verdict reached stands), each with the smallest margins its
-    data support. `beside`: pairs given with their own unadjusted tests, outside the family."""
+    data support. `beside`: pairs given with their own unadjusted tests, outside the family.
+    one_level: every interval and margin at Bonferroni's 0.05/family (stats.compare)."""
     gaps = decision_gaps(ctx, comparisons)
     ready = all(len(gaps[c['label']]) >= len(c['seeds']) for c in comparisons)
     waiting = ', '.join(f"{c['label']} {len(gaps[c['label']])} of {len(c['seeds'])}"
@@ -461,7 +462,7 @@ def decisions_table(ctx, comparisons, family, margin, beside=()):
         return f"Not yet: paired seeds so far {waiting}.\n"
     found = stats.compare([unpaired_tests(ctx, c, margin) if c.get('unpaired') else
                            list(gaps[c['label']].values()) for c in comparisons], margin,
-                          worse_margin=margin, family=family)
+                          worse_margin=margin, family=family, one_level=one_level)
     rows = md.head('comparison', 'seeds', 'paired gap, mean ± sd', 'interval (level)',
                    't p (Holm)', 'sign-flip p', f'TOST ±{margin:g}% p (Holm)',
                    f'not worse +{margin:g}% p (Holm)', 'smallest margin: not worse, matches',
@@ -476,11 +477,13 @@ def decisions_table(ctx, comparisons, family, margin, beside=()):
                                  f"{pair_name(c)} (outside the family, unadjusted)", alone))
     pairs = [c for c in comparisons if 'combine' not in c] + list(beside)
     missing = family - len(comparisons)
+    level = (f"each at Bonferroni's 0.05/{family}, as the family's intervals, so that all of "
+             "them hold together" if one_level else "each at the level Holm tests it at")
     note = (f"Holm over the family's {family} comparisons" + (
         f"; the {missing} not in yet count as p = 1, so each adjusted p is an upper bound of "
         "its final value and a verdict reached stands" if missing else "") + ". Smallest "
         "margin: the upper end of the one-sided interval (not worse) and the larger end in size "
-        "of the two-sided one (matches), each at the level Holm tests it at. Resolution: the "
+        f"of the two-sided one (matches), {level}. Resolution: the "
         f"smallest gap detected with 80% power at Holm's strictest level, 0.05/{family} (exact, "
         "noncentral t).")
     return '\n'.join(means_table(ctx, pairs)) + '\n\n' + '\n'.join(rows) + '\n\n' + note + '\n'
@@ -652,7 +655,7 @@ def tokens_gaps_table(ctx, comparisons, params, paper=440):
     described, not tested: the paired mean with its 95% interval, and the gap of the two arms'
     means with its 95% Welch interval (v5's 4x reading). The verdicts are the family's."""
     base = S.base_config(ctx.s)
-    rows = md.head('pair', 'steps', 'tokens', 'tokens per parameter', 'seeds',
+    rows = md.head('pair', 'steps', 'tokens', 'byte tokens per baseline parameter', 'seeds',
                    'paired gap, mean [95% interval]', 'gap of the means [95% Welch interval]')
     t = stats.t_dist()
     for c in comparisons:
@@ -670,9 +673,11 @@ def tokens_gaps_table(ctx, comparisons, params, paper=440):
         half = t.ppf(0.975, w['df']) * w['se']
         rows.append(f"{where} {interval_cell(list(gaps.values()))} | {pct(w['mean'])} "
                     f"[{pct(w['mean'] - half)}, {pct(w['mean'] + half)}] |")
-    return ('\n'.join(rows) + f"\n\nThe paper's runs: ~{paper} tokens per parameter. Intervals "
-            "are 95% and unadjusted; the verdicts, and the change from one budget to the next "
-            "seed by seed, are the family's.\n")
+    return ('\n'.join(rows) + f"\n\nTokens are bytes (the byte-level tokenizer), over the "
+            f"baseline's {params:,} parameters for both arms. The paper's runs: ~{paper} GPT-2 "
+            "BPE tokens per parameter, a coarser unit (a BPE token holds several bytes). "
+            "Intervals are 95% and unadjusted; the verdicts, and the change from one budget to "
+            "the next seed by seed, are the family's.\n")
 
 
 def budget_changes(ctx, schedules):
@@ -975,8 +980,8 @@ def onsets_table(ctx, pairs, thresholds):
             found = [(d, g) for g, _, d, _ in found if d is not None]
             delays, gaps = [d for d, _ in found], [g for _, g in found]
             mean = f"{sum(delays) / len(delays):+.0f}" if delays else '–'
-            lines.append(f"| {c['label']} | {threshold:g} | {len(found)} of {len(runs)} | {mean} | "
-                         + correlation_cells(delays, gaps) + " |")
+            lines.append(f"| {c['label']} | {threshold:g} | {len(found)} of {len(runs)} | "
+                         f"{mean} | " + correlation_cells(delays, gaps) + " |")
     legend = '; '.join(f"{c['label']}: {c['arm']} − {c['ref']}" for c, _ in done)
     return ('\n'.join(rows) + '\n\n' + '\n'.join(lines) + f"\n\nPairs: {legend}. A never counts "
             "as the run's last evaluation plus one interval (a lower bound); a seed where neither "

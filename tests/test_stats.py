@@ -160,3 +160,21 @@ def test_welch_reads_two_unpaired_groups_with_welch_satterthwaite_degrees_of_fre
     found = stats.compare([r, [0.1, -0.1, 0.05]], 0.5, worse_margin=0.5)
     assert found[0]['verdict'] == 'worse' and found[0]['p_perm'] is None and not found[0]['flag']
     assert found[0]['mde'] == pytest.approx(stats.resolution(r['se'], r['df'], 0.05 / 2))
+
+
+def test_one_level_puts_every_interval_and_margin_at_bonferronis_level():
+    """v6's correction: Holm tests each comparison at its own step's level, so intervals quoted
+    together would mix levels; one_level gives them all at alpha / family, the verdicts Holm's."""
+    gaps = [[0.1, 0.5, -0.2, 0.4, 0.3], [1.0, 1.4, 0.8, 1.2, 1.6], [0.0, 0.2, -0.1, 0.1, 0.05]]
+    holm = stats.compare(gaps, worse_margin=0.5, family=4)
+    one = stats.compare(gaps, worse_margin=0.5, family=4, one_level=True)
+    assert sorted(r['level'] for r in holm) == pytest.approx([1 - 0.05 / 2, 1 - 0.05 / 3,
+                                                              1 - 0.05 / 4])
+    assert all(r['level'] == pytest.approx(1 - 0.05 / 4) for r in one)
+    assert [r['verdict'] for r in one] == [r['verdict'] for r in holm]
+    t = stats.t_dist()
+    for r in one:
+        assert r['ni_bound'] == pytest.approx(r['mean'] + t.ppf(1 - 0.05 / 4, 4) * r['se'])
+        assert r['half'] == pytest.approx(t.ppf(1 - 0.05 / 8, 4) * r['se'])
+    # Fisher: r = 0 over 12 points is z = 0 +- 1.96/sqrt(9), back through tanh
+    assert stats.fisher_interval(0.0, 12) == pytest.approx((-0.5739, 0.5739), abs=1e-4)

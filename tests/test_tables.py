@@ -257,7 +257,7 @@ def test_the_tokens_table_gives_each_budgets_paired_and_unpaired_gap_and_waits_f
                        f"{m + half:+.2f}%] | {mean:+.2f}% [{mean - welch:+.2f}%, "
                        f"{mean + welch:+.2f}%] |")
     assert rows[3] == "| other | 105002 | 51610.58M | 51.6 | 1–2 | not yet (1 of 2 seeds) | |"
-    assert "~440 tokens per parameter" in rows[-1]
+    assert "~440 GPT-2 BPE tokens per parameter" in rows[-1] and "Tokens are bytes" in rows[-1]
 
 
 class Onsets:
