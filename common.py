@@ -190,6 +190,9 @@ def key_comments(path):
             block = None  # the dict's closing line, or the class's first method
         elif block and re.match(r'    # \S', line):
             group = line.strip()[2:].split(':')[0]
+        elif block and entries and re.match(r'     +# \S', line):  # continues the line above
+            key, key_group, text = entries[-1]
+            entries[-1] = (key, key_group, f"{text} {line.strip()[2:]}")
         elif block and block.match(line):
             entries.append((block.match(line).group(1), group, line.partition('  # ')[2].strip()))
         previous = line
@@ -347,13 +350,17 @@ def autocast(device, dtype):
 # -----------------------------------------------------------------------------
 # files: write to a temporary name, then rename, so nothing is ever half-written
 
-def atomic_write(path, write):
-    """write(tmp_path) produces the file; it appears at path only once complete."""
+def atomic_write(path, write, before_replace=None):
+    """write(tmp_path) produces the file; it appears at path only once complete. before_replace:
+    called once the new file is whole and before it replaces the old one; if it raises, the old
+    file stays (a checkpoint's record is written there, so it never lags the checkpoint)."""
     tmp = f"{path}.tmp"
     try:
         write(tmp)
         with open(tmp, 'rb+') as f:
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -379,27 +386,43 @@ def read_json(path, what):
 
 
 def read_jsonl(path):
-    """The entries of a JSON-lines log, without a last line cut short by a crash."""
+    """The entries of a JSON-lines log, without a last line cut short by a crash (or ending in
+    bytes that are not text); a damaged line before the last is one line of error."""
+    lines = pathlib.Path(path).read_bytes().splitlines()
     entries = []
-    for line in pathlib.Path(path).read_text().splitlines():
+    for n, line in enumerate(lines, 1):
         try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+            entries.append(json.loads(line.decode('utf-8')))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if n < len(lines):
+                raise UserError(f"{path} is damaged at line {n} of {len(lines)} "
+                                f"({type(e).__name__}): repair or remove that line, then run "
+                                "again") from None
     return entries
 
 
-def save_checkpoint(ckpt, path):
+def save_checkpoint(ckpt, path, before_replace=None):
     """Atomically; a failed write is an OSError naming path (torch reports a full disk as a
-    RuntimeError of its zip writer), and the file there before stays as it was."""
+    RuntimeError of its zip writer), and the file there before stays as it was, as it does when
+    before_replace (atomic_write's) raises."""
     try:
-        atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+        atomic_write(path, lambda tmp: torch.save(ckpt, tmp), before_replace)
     except RuntimeError as e:
         folder = os.path.dirname(os.path.abspath(path))
         free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
-        raise OSError(errno.ENOSPC if free < 2 ** 30 else errno.EIO,
+        raise OSError(write_failure(folder, free),
                       f"{str(e).strip().splitlines()[0][:120]}; {free / 2 ** 20:.0f} MiB free",
                       path) from None
+
+
+def write_failure(folder, free):
+    """The errno behind a write torch reports only as a RuntimeError: a read-only filesystem, a
+    folder this process may not write, a full disk, or else an I/O error."""
+    if os.path.isdir(folder) and os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return errno.EROFS
+    if os.path.isdir(folder) and not os.access(folder, os.W_OK):
+        return errno.EACCES
+    return errno.ENOSPC if free < 2 ** 30 else errno.EIO
 
 
 def load_checkpoint(path, map_location='cpu', mmap=False):
@@ -420,6 +443,30 @@ def load_checkpoint(path, map_location='cpu', mmap=False):
         raise UserError(f"{path} is not a kvgpt/nanoGPT checkpoint (it needs 'model' and "
                         "'model_args')")
     return ckpt
+
+
+def load_optimizer_state(optimizer, model, state, path):
+    """Load a checkpoint's AdamW state into optimizer, once it is checked to fit model: a state
+    of another model would fail at the first step, deep in torch; here it is one line naming the
+    parameter."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    params = [p for group in optimizer.param_groups for p in group['params']]
+    saved = [i for group in state.get('param_groups', []) for i in group['params']]
+    advice = ("the checkpoint is damaged or its optimizer is another model's: resume from another "
+              "checkpoint, or start with --init_from=<its folder> to fine-tune with a fresh AdamW")
+    if len(saved) != len(params):
+        raise UserError(f"{path}: its optimizer state holds {len(saved)} tensors for a model of "
+                        f"{len(params)}: {advice}")
+    for i, p in zip(saved, params):
+        for key, value in state.get('state', {}).get(i, {}).items():
+            if torch.is_tensor(value) and value.dim() > 0 and value.shape != p.shape:
+                raise UserError(f"{path}: its optimizer state does not fit its model ({key} of "
+                                f"{names.get(id(p), 'a parameter')} is {tuple(value.shape)}, the "
+                                f"parameter {tuple(p.shape)}): {advice}")
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as e:
+        raise UserError(f"{path}: its optimizer state cannot be loaded ({e}): {advice}") from None
 
 
 def model_from_checkpoint(path, verbose=True):

@@ -434,8 +434,13 @@ class GPT(nn.Module):
             model = cls(GPTConfig.from_dict(ckpt['model_args']), verbose=verbose)
             model.load_state_dict(state)
         except (ValueError, RuntimeError, TypeError) as e:
-            raise ValueError("checkpoint weights do not fit its model_args: "
-                             f"{str(e).splitlines()[0][:300]}") from None
+            # torch's first line only names the model; the tensor and its shapes come after it
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            if len(lines) > 1 and lines[0].startswith('Error(s) in loading'):
+                lines = lines[1:]
+            more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+            raise ValueError(f"checkpoint weights do not fit its model_args: {lines[0][:300]}"
+                             + more) from None
         return model
 
     @classmethod

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 
-from common import Kind, UserError, parse_config, read_json, run_main, write_json
+from common import Kind, UserError, fs_error, parse_config, read_json, run_main, write_json
 
 # -----------------------------------------------------------------------------
 # tokenizers: prepare() encodes with them; sample.py decodes with the same ones
@@ -55,7 +55,8 @@ class GPT2Tokenizer:
         except Exception as e:
             raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}); tiktoken "
                             "downloads it once: connect once, or set TIKTOKEN_CACHE_DIR to a "
-                            "folder with its cached files, or use --tokenizer=byte") from None
+                            "folder with its cached files (prepare.py: or --tokenizer=byte)"
+                            ) from None
 
     def encode(self, text):
         return self.enc.encode_ordinary(text)  # special-token text in the corpus stays plain text
@@ -85,7 +86,7 @@ DEFAULTS = dict(
     hub_config=None,  # the hub dataset's config (subset) name, e.g. FineWeb's 'sample-10BT'
     streaming=False,  # tokenize while reading, with no raw copy on disk (needs val_documents)
     val_documents=None,  # the first this many documents are val, in order (llm.c's FineWeb
-    # shard 0); None: a random val_size share (nanoGPT's split)
+        # shard 0); None: a random val_size share (nanoGPT's split)
     text_column='text',  # the column (or JSON field) that holds each document's text
     tokenizer=None,  # 'gpt2' or 'byte'; None: byte for the embedded corpora (offline), else gpt2
     val_size=None,  # fraction held out; None: 0.0005 for openwebtext, 0.1 for one text, else 0.05
@@ -232,7 +233,12 @@ def open_dataset(data_root, name, block_size):
     data_dir = os.path.join(data_root, name)
     meta_path = os.path.join(data_dir, 'meta.json')
     if not os.path.exists(meta_path):
-        if glob.glob(os.path.join(glob.escape(data_dir), '*.bin')):
+        bins = glob.glob(os.path.join(glob.escape(data_dir), '*.bin'))
+        if unfinished_prepare(data_dir, bins):
+            raise UserError(f"{data_dir} has train.bin and val.bin but no meta.json, which "
+                            "prepare.py writes last: its run did not finish (a full disk?); run "
+                            f"`python prepare.py --dataset=...` for {name} again")
+        if bins:
             return open_shards(data_dir, block_size)
         raise UserError(f"no prepared dataset at {data_dir}: run "
                         f"`python prepare.py --dataset={name}` first")
@@ -242,6 +248,17 @@ def open_dataset(data_root, name, block_size):
         raise UserError(problem)
     check_long_enough(data_dir, meta, block_size)
     return checked(Dataset(data_dir, meta, block_size))
+
+
+def unfinished_prepare(data_dir, bins):
+    """Whether bins are prepare.py's own train.bin and val.bin (not llm.c shards, which have no
+    meta.json and begin with their magic number)."""
+    own = {os.path.join(data_dir, f'{split}.bin') for split in SPLITS}
+    if not own <= set(bins):
+        return False
+    with open(os.path.join(data_dir, 'train.bin'), 'rb') as f:
+        header = np.frombuffer(f.read(4), dtype='<i4')
+    return len(header) < 1 or header[0] != SHARD_MAGIC
 
 
 def check_long_enough(data_dir, meta, block_size):
@@ -556,6 +573,8 @@ def resolve(c):
     if c['streaming'] and c['val_documents'] is None:
         raise UserError("--streaming=True reads the documents once, in order, so its val split "
                         "is the first documents: set --val_documents (e.g. 10000)")
+    if is_local(name) and name not in EMBEDDED:
+        local_files(name)  # a missing file is said before the tokenizer is loaded (offline)
     if c['streaming'] and is_local(name) and name.endswith('.txt') and os.path.isfile(name):
         raise UserError(f"{name} is one document, split by position: prepare it without "
                         "--streaming")
@@ -664,13 +683,17 @@ def write_dataset(out_dir, meta, write):
     meta_path = os.path.join(out_dir, 'meta.json')
     paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}
     temporary = {s: path + '.tmp' for s, path in paths.items()}
+    target = out_dir  # its bins, while they are written
     try:
         write(temporary)
+        target = meta_path
         if os.path.exists(meta_path):
             os.remove(meta_path)  # from here until the new meta.json, nothing vouches for the bins
         for s in SPLITS:
             os.replace(temporary[s], paths[s])
         write_json(meta_path, meta)
+    except OSError as e:  # a full disk reports no file name: say which one
+        raise UserError(fs_error(e, e.filename if e.filename else target)) from None
     finally:
         for path in temporary.values():
             if os.path.exists(path):

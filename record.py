@@ -8,7 +8,7 @@ import json
 import os
 import time
 
-from common import UserError, read_jsonl, write_json, write_text
+from common import UserError, atomic_write, fs_error, read_jsonl, write_json, write_text
 
 
 def kept_lines(path, resume_iter):
@@ -36,6 +36,8 @@ class Record:
         self.out_dir, self.trackers, self.started = out_dir, list(trackers), False
         record = [os.path.join(out_dir, f) for f in ('log.jsonl', 'config.json')]
         self.held = [] if any(map(os.path.exists, record)) and config is not None else None
+        if self.held is not None:
+            kept_lines(self.path, resume_iter)  # a damaged log is one line now, not at the save
 
     def log(self, **entry):
         for tracker in self.trackers:
@@ -50,10 +52,21 @@ class Record:
         self.append(self.path, entry)
 
     def start(self, entries):
-        """config.json, then the log cut back to resume_iter with entries after it."""
-        write_json(os.path.join(self.out_dir, 'config.json'), self.config)
+        """The log cut back to resume_iter with entries after it, then config.json; each write
+        atomic, and a failed config.json puts the old log back, so a failure leaves the record as
+        it was (a one-line UserError naming the file)."""
+        config_path = os.path.join(self.out_dir, 'config.json')
         keep = kept_lines(self.path, self.resume_iter)
-        write_text(self.path, ''.join(json.dumps(e) + '\n' for e in keep + entries))
+        old = open(self.path, 'rb').read() if os.path.exists(self.path) else None
+        path = self.path
+        try:
+            write_text(self.path, ''.join(json.dumps(e) + '\n' for e in keep + entries))
+            path = config_path
+            write_json(config_path, self.config)
+        except OSError as e:
+            if path == config_path:
+                restore(self.path, old)
+            raise UserError(fs_error(e, path)) from None
         self.started = True
 
     def close(self):
@@ -69,8 +82,19 @@ class Record:
 
     @staticmethod
     def append(path, entry):
-        with open(path, 'a') as f:
-            f.write(json.dumps(entry) + '\n')
+        try:
+            with open(path, 'a') as f:
+                f.write(json.dumps(entry) + '\n')
+        except OSError as e:
+            raise UserError(fs_error(e, path)) from None
+
+
+def restore(path, old):
+    """Put a file back as it was (old: its bytes, None: it did not exist)."""
+    if old is None:
+        os.remove(path)
+    else:
+        atomic_write(path, lambda tmp: open(tmp, 'wb').write(old))
 
 
 # -----------------------------------------------------------------------------
@@ -126,13 +150,18 @@ class TensorBoardTracker:
                             "or set --tensorboard_log=False") from None
         # purge_step 0 too: a run started over (--overwrite=True) replaces the old run's events
         self.writer = SummaryWriter(os.path.join(out_dir, 'tensorboard'), purge_step=resume_iter)
+        self.tokens_at = None  # the last step whose tokens were written
         for entry in kept:
             self.log(entry)
 
     def log(self, entry):
         for key, value in entry.items():
+            if key == 'tokens' and 'val_loss' in entry and entry['iter'] == self.tokens_at:
+                continue  # the step's log line wrote it: once a step
             if key != 'iter' and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(key, value, entry['iter'])
+        if 'tokens' in entry:
+            self.tokens_at = entry['iter']
 
     def close(self):
         self.writer.close()

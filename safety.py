@@ -205,6 +205,7 @@ class Signals:
 
     def __init__(self, d, out_dir):
         self.d, self.out_dir, self.number, self.previous = d, out_dir, None, {}
+        self.agreed_stop = None  # (rank, signal number) once the ranks agreed to stop
 
     def __enter__(self):
         self.previous = {s: signal.signal(s, self.arrived)
@@ -222,23 +223,48 @@ class Signals:
                   f"{self.out_dir} is kept", file=sys.stderr, flush=True)
             return os._exit(128 + number)
         self.number = number
-        if self.d.master:
-            print(f"{name}: saving a checkpoint and stopping (a second one stops at once)",
-                  file=sys.stderr, flush=True)
+        where = f" on rank {self.d.rank}" if self.d.ddp else ""
+        print(f"{name}{where}: saving a checkpoint and stopping (a second one stops at once)",
+              file=sys.stderr, flush=True)
 
     def requested(self, step, log_interval):
         """A signal arrived on any rank. Under DDP that is one all-reduce, so it is asked only at
         log steps: still well inside torchrun's grace period, and no per-step host sync."""
         if self.d.ddp and step % log_interval:
             return False
-        return any_rank(self.d, self.number is not None)
+        return self.agree() is not None
+
+    def agree(self):
+        """(rank, signal number) of the lowest rank a signal arrived on, the same on every rank,
+        or None: under DDP one all-reduce of each rank's signal number."""
+        if not self.d.ddp:
+            found = [(0, self.number)] if self.number is not None else []
+        else:
+            numbers = torch.zeros(self.d.world, device=self.d.device)
+            numbers[self.d.rank] = self.number or 0
+            dist.all_reduce(numbers)
+            found = [(rank, int(n)) for rank, n in enumerate(numbers.tolist()) if n]
+        self.agreed_stop = found[0] if found else None
+        return self.agreed_stop
+
+    @property
+    def stopped(self):
+        """(rank, signal number) when the run stopped for a signal on any rank, else None."""
+        if self.agreed_stop is None and self.number is not None and not self.d.ddp:
+            return (0, self.number)
+        return self.agreed_stop
+
+    def describe(self):
+        """The stop's signal, and under DDP the rank it arrived on: 'SIGTERM on rank 1'."""
+        rank, number = self.stopped
+        return signal.Signals(number).name + (f" on rank {rank}" if self.d.ddp else "")
 
     def share(self, items):
         """This rank's items (every world-th, from its rank), asking before each round whether a
         signal arrived on any rank: an evaluation stops within one batch of it (every rank asks
         equally often, so none waits in a collective the others skip)."""
         for first in range(0, len(items), self.d.world):
-            if any_rank(self.d, self.number is not None):
+            if self.agree() is not None:
                 raise Interrupted
             if first + self.d.rank < len(items):
                 yield items[first + self.d.rank]

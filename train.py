@@ -12,6 +12,7 @@ SIGTERM saves and stops (exit code 128 + the signal's number); --init_from=auto 
 """
 import math
 import os
+import shlex
 import sys
 import time
 from contextlib import nullcontext
@@ -26,8 +27,8 @@ import prepare
 import safety
 from evals import hellaswag
 from common import (DTYPES, Kind, UserError, device_peak_flops, field_kinds, fs_error,
-                    model_errors, model_from_checkpoint, parse_config, print_overrides, run_main,
-                    save_checkpoint, setup_device)
+                    load_optimizer_state, model_errors, model_from_checkpoint, parse_config,
+                    print_overrides, run_main, save_checkpoint, setup_device)
 from record import Record, StepTimer, format_eta, load_probe, open_trackers, wandb_run_id
 from model import ACTIVATIONS, GPT, QUERY_MODES, GPTConfig, upgrade_query
 
@@ -259,8 +260,8 @@ def stop(r, nonfinite):
     safety.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
     save(r, 'signal')
     if r.d.master:
-        print(f"stopped by a signal at iter {r.iter_num}; continue with --init_from=resume "
-              "(or auto)", flush=True)
+        print(f"stopped by a signal at iter {r.iter_num} ({r.signals.describe()}); continue with "
+              "--init_from=resume (or auto)", flush=True)
 
 
 def log_step(r, step_loss, grad_norm, lr, dt):
@@ -306,7 +307,9 @@ def evaluate(r, trained):
     if r.d.master:
         full = entry.get('val_loss_full')
         print(f"iter {r.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-              + (f", full val loss {full:.4f}" if full is not None else ''))
+              + (f", full val loss {full:.4f}" if full is not None else '')
+              + ''.join(f", {k} {entry[k]:.4f}" for k in ('hellaswag_acc', 'hellaswag_acc_norm')
+                        if k in entry))
         r.record.log(**entry)
     safety.check_finite(r.d, not math.isfinite(losses['val']), r.iter_num, c['out_dir'])
     improved = losses['val'] < r.best_val_loss
@@ -347,6 +350,8 @@ def save(r, reason, name='ckpt.pt'):
     if r.d.master and not all(bool(torch.isfinite(p).all()) for p in r.model.parameters()):
         error = f"parameters are non-finite at iter {r.iter_num}; not saving, {path} is untouched"
     elif r.d.master:
+        # the record is written before the new ckpt.pt replaces the old one: if it fails, both stay
+        record = r.record.commit if name == 'ckpt.pt' else None
         try:
             save_checkpoint(dict(
                 model=r.model.state_dict(), optimizer=r.optimizer.state_dict(),
@@ -354,21 +359,22 @@ def save(r, reason, name='ckpt.pt'):
                 best_val_loss=r.best_val_loss, config=r.c, meta=r.data.meta, rng=states,
                 tokens_seen=r.iter_num * tokens_per_iter(r.c),
                 wandb_run_id=wandb_run_id(r.record),  # a resume continues the same W&B run
-                scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None), path)
+                scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None), path, record)
         except OSError as e:
             error = f"{fs_error(e, path)}; the previous checkpoint there is untouched"
+        except UserError as e:  # the record: the checkpoint and the record are as they were
+            error = f"{e}; {path} and the run's record are as they were"
     if safety.any_rank(r.d, error is not None):
         raise UserError(error or f"rank 0 could not save {path} at iter {r.iter_num} "
                                  "(see its error)")
     if r.d.master:
         print(f"saved {path} at iter {r.iter_num} ({reason})")
-        if name == 'ckpt.pt':
-            r.record.commit()
 
 
 def restore(r, ckpt):
     if 'optimizer' in ckpt:
-        r.optimizer.load_state_dict(ckpt['optimizer'])
+        load_optimizer_state(r.optimizer, r.model, ckpt['optimizer'],
+                             os.path.join(r.c['out_dir'], 'ckpt.pt'))
     elif r.d.master:
         print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a "
               "fresh AdamW")
@@ -392,6 +398,8 @@ def setup(c, d, signals):
         print_overrides(c, DEFAULTS)
     model, ckpt = build_model(c, data.meta, d.master)
     config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
+    if ckpt is not None:  # the checkpoint's model wins over a resume's model settings: record it
+        config.update({k: v for k, v in ckpt['model_args'].items() if c.get(k) is not None})
     model.to(dev.device)
     scaler = torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16')
     optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'],
@@ -425,10 +433,11 @@ def train(c):
             c = dict(c, init_from=safety.resolve_init(c, d.master))
             r = setup(c, d, signals)
             train_loop(r)
-        if d.master and not c['eval_only'] and signals.number is None:
-            r.record.commit()  # finished without a last checkpoint (always_save_checkpoint=False)
+        if d.master and not c['eval_only'] and signals.stopped is None:
+            if r.iter_num > r.record.resume_iter:  # trained, with no last checkpoint: its record
+                r.record.commit()  # (always_save_checkpoint=False); a finished run: untouched
             print(f"finished at iter {r.iter_num} in {format_eta(time.time() - t0)}; sample "
-                  f"from it: python sample.py --out_dir={c['out_dir']}")
+                  f"from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}")
         r.step_model = None  # the DDP wrapper goes while the process group lives (safety.close)
         return r
     finally:
@@ -441,8 +450,8 @@ def train(c):
 
 def main(argv=None):
     r = train(settings(argv))
-    if r.signals.number is not None:  # stopped early: a launcher must not take it as finished
-        sys.exit(128 + r.signals.number)
+    if r.signals.stopped is not None:  # stopped early, on every rank: not taken as finished
+        sys.exit(128 + r.signals.stopped[1])
     return r
 
 

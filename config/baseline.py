@@ -5,5 +5,4 @@
 # steps (51.6B tokens) as the authors' runs were, at 93.6% of the peak LR; eval every 1000 steps
 # on 200 batches; checkpoints kept at steps 50k, 100k and 105k; bf16.
 out_dir = 'out-baseline'
-wandb_run_name = 'baseline'
 weight_decay = 0.1

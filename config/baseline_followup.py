@@ -3,7 +3,6 @@
 #   github.com/MarkoKarbevski/beyond_query_linearity, commit 1bf4bd1,
 #   configs/configs_tied/config_tiedw_original.py
 out_dir = 'out-baseline-followup'
-wandb_run_name = 'baseline-followup'
 learning_rate = 6e-4  # "learning_rate": 6e-4
 weight_decay = 0.1  # "weight_decay": 0.1
 min_lr = 6e-5  # "min_lr": 6e-5

@@ -5,7 +5,6 @@
 # not the count: the embeddings' share of the parameters differs (n_embd 128, vocab 320:
 # 794,716 against 779,392, +2.0%).
 out_dir = 'out-baseline-small'
-wandb_run_name = 'baseline-small'
 weight_decay = 0.1
 n_embd = n_embd * 31 // 32 // n_head * n_head
 mlp_hidden = 4 * n_embd

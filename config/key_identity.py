@@ -2,6 +2,5 @@
 # like the reduced model. The logits again hold one learned matrix, so the scale is halved
 # to 1/16 as for W_Q = I; weight decay 2^-5, the reduced model's.
 out_dir = 'out-key-identity'
-wandb_run_name = 'key-identity'
 key_identity = True
 weight_decay = 2 ** -5

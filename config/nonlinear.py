@@ -7,7 +7,6 @@
 #   configs/configs_tied/config_tiedw_residual_gelu_2-5wd_2_4e-3lr_3e-5.py
 # (its query_mode 'residual_gelu' is this query); config/baseline_followup.py is its baseline.
 out_dir = 'out-nonlinear'
-wandb_run_name = 'nonlinear'
 query = 'nonlinear'
 query_mix = 1.0  # "scale": q = x + f(x), not (x + f(x))/2 ...
 # ... with the halved scale 1/(2 sqrt(64)): the same logits

@@ -3,7 +3,6 @@
 # for query='identity'; written out here as the paper's table states it), and weight decay
 # lowered from 0.1 to 2^-5 = 0.03125 (3.2x lower), with which it matches the baseline.
 out_dir = 'out-reduced'
-wandb_run_name = 'reduced'
 query = 'identity'
 attn_scale = 1 / (2 * (n_embd // n_head) ** 0.5)
 weight_decay = 2 ** -5

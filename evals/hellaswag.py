@@ -46,7 +46,7 @@ FIELDS = ('ctx_a', 'ctx_b', 'activity_label', 'endings', 'label')
 # -----------------------------------------------------------------------------
 # the items
 
-def download(url=VAL_URL, cache=CACHE):
+def download(url=VAL_URL, cache=CACHE, key='--data'):
     """HellaSwag's val set, downloaded once into the cache (complete before it has its name)."""
     from filelock import FileLock
     path = os.path.join(cache, os.path.basename(url))
@@ -61,7 +61,7 @@ def download(url=VAL_URL, cache=CACHE):
                     body = response.read()
             except OSError as e:
                 raise UserError(f"cannot download HellaSwag ({e}); offline, pass a local copy: "
-                                "--data=path/to/hellaswag_val.jsonl") from None
+                                f"{key}=path/to/hellaswag_val.jsonl") from None
             atomic_write(path, lambda tmp: write_bytes(tmp, body))
     return path
 
@@ -84,12 +84,13 @@ def item(doc):
     return context, [clean(e) for e in doc['endings']], int(doc['label'])
 
 
-def load(data, limit=None):
-    """The items of a HellaSwag-format .jsonl (or 'download'), each line checked."""
-    path = download() if data == 'download' else data
+def load(data, limit=None, key='--data'):
+    """The items of a HellaSwag-format .jsonl (or 'download'), each line checked; key: the
+    setting that names the file, in the advice (train.py's is --hellaswag)."""
+    path = download(key=key) if data == 'download' else data
     if not os.path.isfile(path):
-        raise UserError(f"no HellaSwag file at {path}: pass --data=path/to/file.jsonl, or "
-                        "--data=download")
+        raise UserError(f"no HellaSwag file at {path}: pass {key}=path/to/file.jsonl, or "
+                        f"{key}=download")
     items = []
     with open(path, encoding='utf-8') as f:
         for number, line in enumerate(f, 1):
@@ -200,7 +201,8 @@ def scorer(c, tokenizer, dev, ddp):
     """train.py's hook for its hellaswag settings: scorer(model, share) gives the log line's
     accuracies, the items shared over the ranks (summed by an all-reduce under DDP)."""
     import torch.distributed as dist
-    items, tok = load(c['hellaswag'], c['hellaswag_items']), get_tokenizer(tokenizer)
+    items = load(c['hellaswag'], c['hellaswag_items'], '--hellaswag')
+    tok = get_tokenizer(tokenizer)
     reduce = dist.all_reduce if ddp else (lambda counts: None)
     return lambda model, share: during_training(model, tok, items, dev.ctx, dev.device,
                                                 4 * c['batch_size'], share, reduce)

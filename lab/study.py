@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from common import UserError, parse_config, run_main
+from common import Kind, UserError, parse_config, run_main
 from lab import docs
 from lab.plan import (base_config, check_reused, commit_run, load_study, plan, results_of,
                       shell_line, train_args, work_dir)
@@ -186,7 +186,8 @@ def lock(c, s):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     files = [a for a in argv if not a.startswith('-')]
-    c = parse_config(DEFAULTS, [a for a in argv if a.startswith('-')])
+    c = parse_config(DEFAULTS, [a for a in argv if a.startswith('-')], described_in=(__file__,),
+                     types=dict(threads=Kind(int, optional=True)))
     if not files:
         raise UserError("give a study file: python -m lab.study lab/studies/v4.py [--status=True]")
     if c['jobs'] < 1:

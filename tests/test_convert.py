@@ -129,6 +129,7 @@ def test_cli_refusal_is_one_line(data_root, tmp_path):
 # imports: OpenAI GPT-2 (Hugging Face format) and nanoGPT checkpoints
 
 @pytest.mark.slow  # a GPT-2 import
+@pytest.mark.gpt2_bpe
 def test_gpt2_import_matches_transformers(tmp_path):
     transformers = pytest.importorskip('transformers', reason=HF)
     cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=24, vocab_size=50257)
@@ -159,6 +160,7 @@ def test_gpt2_import_errors_are_clear(tmp_path):
         GPT.from_pretrained('gpt2')  # the hub is unreachable here (HF_HUB_OFFLINE in conftest)
 
 
+@pytest.mark.gpt2_bpe
 def test_nanogpt_checkpoint_loads_as_a_baseline(tmp_path):
     torch.manual_seed(0)
     args = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50304, bias=True)

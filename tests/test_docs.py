@@ -233,3 +233,14 @@ def test_every_python_file_keeps_lines_under_100_characters(name):
     lines = enumerate(open(os.path.join(HERE, name), encoding='utf-8'), 1)
     long = [i for i, line in lines if len(line.rstrip('\n')) >= 100]
     assert not long, f"{name}: lines {long} are 100 characters or more"
+
+
+def test_the_docs_say_what_a_cpu_user_and_a_launcher_see():
+    """Sampling on a busy CPU wants one thread; llm.c shards on a CPU are slow; torchrun's own
+    exit code on a signal is not the run's."""
+    readme = open(os.path.join(HERE, 'README.md')).read()
+    training = open(os.path.join(HERE, 'docs', 'training.md')).read()
+    assert 'OMP_NUM_THREADS=1' in readme[readme.index('## Sampling'):]
+    shards = training[training.index('A folder of llm.c'):]
+    assert 'seconds a step' in shards[:1200]
+    assert 'SIGTERM to one worker' in training and 'SignalException' in training

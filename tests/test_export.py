@@ -13,6 +13,7 @@ from common import load_checkpoint
 from prepare import get_tokenizer
 from model import GPT
 
+pytestmark = pytest.mark.gpt2_bpe  # every test exports a model trained on GPT-2 BPE data
 transformers = pytest.importorskip(
     'transformers', reason='transformers is the optional Hugging Face export dependency')
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root

@@ -51,7 +51,8 @@ def one_at_a_time(model, tok, items):
 
 
 CASES = [('byte', q) for q in QUERY_MODES] + [  # the GPT-2 BPE cases train 50k-token embeddings
-    pytest.param('gpt2', q, marks=pytest.mark.slow) for q in ('linear', 'identity')]
+    pytest.param('gpt2', q, marks=[pytest.mark.slow, pytest.mark.gpt2_bpe])
+    for q in ('linear', 'identity')]
 
 
 @pytest.mark.parametrize('tokenizer, query', CASES)
@@ -112,9 +113,10 @@ def lm_eval_scores(hf_dir, items_path, tmp_path):
 
 
 @pytest.mark.slow  # trains, exports and runs lm-eval (its import alone takes seconds)
+@pytest.mark.gpt2_bpe
 @pytest.mark.parametrize('name', ['baseline', 'reduced'])
 def test_choices_and_accuracies_equal_lm_evaluation_harness(tmp_path, name, capsys):
-    pytest.importorskip('lm_eval', reason='lm-eval is in requirements-dev.txt')
+    pytest.importorskip('lm_eval', reason='lm-eval, the reference, is in requirements-dev.txt (pip install -r requirements-dev.txt)')
     from tools import export
     items_path = write_items(tmp_path / 'items.jsonl', n=24, seed=1)
     out = Runs(tmp_path)[name]

@@ -398,3 +398,196 @@ def test_the_readme_greedy_example_draws_one_sample():
     readme = open(os.path.join(HERE, 'README.md')).read()
     greedy = [line for line in readme.splitlines() if '--temperature=0' in line]
     assert greedy and all('--num_samples=1' in line for line in greedy)
+
+
+# -----------------------------------------------------------------------------
+# the record never lags the checkpoint
+
+def fail_config_writes(monkeypatch):
+    """config.json cannot be replaced (as under `chattr +i`): every write of it fails."""
+    import record as record_module
+    real = record_module.write_json
+
+    def write_json(path, obj):
+        if os.path.basename(path) == 'config.json':
+            raise PermissionError(1, 'Operation not permitted', f'{path}.tmp')
+        return real(path, obj)
+    monkeypatch.setattr(record_module, 'write_json', write_json)
+
+
+def test_a_record_that_cannot_be_written_keeps_the_old_checkpoint_and_record(
+        data_root, tmp_path, monkeypatch, command_line):
+    run(data_root, tmp_path, max_iters=10)
+    before = record(tmp_path)
+    with monkeypatch.context() as m:
+        fail_config_writes(m)
+        code, err = command_line(train, argv(data_root, tmp_path, init_from='resume',
+                                             max_iters=20))
+    line = one_line(err)
+    assert code == 2 and f"cannot write {tmp_path}/config.json" in line and 'not permitted' in line
+    assert 'ckpt.pt and the run\'s record are as they were' in line
+    assert record(tmp_path) == before  # not a checkpoint at 20 beside a record of 10
+    log = run(data_root, tmp_path, init_from='resume', max_iters=20)  # fixed: resume again
+    assert [e['iter'] for e in log if 'loss' in e] == list(range(1, 21))  # no lines lost
+    assert [e['iter'] for e in log if 'val_loss' in e] == [0, 10, 20]
+
+
+def test_a_damaged_log_is_one_line_before_training_and_changes_nothing(data_root, tmp_path,
+                                                                         command_line):
+    run(data_root, tmp_path, max_iters=10)
+    log = tmp_path / 'log.jsonl'
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b''.join(lines[:3] + [b'\xff\xfe not text\n'] + lines[3:]))
+    before = record(tmp_path)
+    code, err = command_line(train, argv(data_root, tmp_path, init_from='resume', max_iters=20))
+    line = one_line(err)
+    assert code == 2 and f"{tmp_path}/log.jsonl is damaged at line 4" in line
+    assert record(tmp_path) == before
+
+
+def test_undecodable_bytes_at_the_end_of_the_log_are_a_line_cut_short(data_root, tmp_path):
+    run(data_root, tmp_path, max_iters=10)
+    with open(tmp_path / 'log.jsonl', 'ab') as f:
+        f.write(b'{"iter": 11, "lo\xff\xfe')
+    log = run(data_root, tmp_path, init_from='resume', max_iters=20)
+    assert [e['iter'] for e in log if 'loss' in e] == list(range(1, 21))
+
+
+def test_resuming_a_finished_run_leaves_its_record_byte_identical(data_root, tmp_path, capsys):
+    run(data_root, tmp_path, max_iters=10)
+    before = record(tmp_path)
+    train.main(argv(data_root, tmp_path, init_from='resume', max_iters=10))
+    assert 'finished at iter 10' in capsys.readouterr().out
+    assert record(tmp_path) == before  # config.json's init_from and log.jsonl's eval_s stay
+
+
+def test_an_optimizer_state_that_does_not_fit_its_model_is_one_line(data_root, tmp_path,
+                                                                     command_line):
+    run(data_root, tmp_path, max_iters=10)
+    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    first = ckpt['optimizer']['state'][0]
+    first['exp_avg'] = first['exp_avg'][:3]  # another model's moments
+    torch.save(ckpt, tmp_path / 'ckpt.pt')
+    before = record(tmp_path)
+    code, err = command_line(train, argv(data_root, tmp_path, init_from='resume', max_iters=20))
+    line = one_line(err)
+    assert code == 2 and f"{tmp_path}/ckpt.pt: its optimizer state does not fit its model" in line
+    assert 'exp_avg of transformer.wte.weight' in line and '--init_from=' in line
+    assert record(tmp_path) == before
+
+
+def test_weights_of_the_wrong_shape_name_the_tensor(data_root, tmp_path, command_line):
+    run(data_root, tmp_path, max_iters=10)
+    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    name = next(k for k in ckpt['model'] if k.endswith('mlp.c_fc.weight'))
+    ckpt['model'][name] = ckpt['model'][name][:, :5]
+    torch.save(ckpt, tmp_path / 'ckpt.pt')
+    code, err = command_line(train, argv(data_root, tmp_path, init_from='resume', max_iters=20))
+    line = one_line(err)
+    assert code == 2 and f"size mismatch for {name}" in line and 'torch.Size' in line
+
+
+def test_bins_without_meta_json_say_prepare_did_not_finish(data_copy, tmp_path, command_line):
+    """A disk that fills between the bins and meta.json: not 'a malformed llm.c shard'."""
+    os.remove(data_copy / 'tiny' / 'meta.json')
+    code, err = command_line(train, argv(str(data_copy), tmp_path / 'out', max_iters=10))
+    line = one_line(err)
+    assert code == 2 and 'no meta.json, which prepare.py writes last' in line
+    assert 'llm.c' not in line and 'prepare.py --dataset=' in line
+
+
+def test_a_full_disk_while_prepare_writes_names_the_folder(tmp_path, monkeypatch, command_line):
+    docs = tmp_path / 'docs.txt'
+    docs.write_text('some text to prepare ' * 2000)
+
+    def full(*a, **kw):
+        raise OSError(28, 'No space left on device')  # a write() on a full disk names no file
+    monkeypatch.setattr(prepare, 'write_bin', full)
+    code, err = command_line(prepare, [f'--dataset={docs}', f'--data_root={tmp_path / "d"}',
+                                       '--tokenizer=byte', '--num_proc=1', '--progress=False'])
+    line = one_line(err)
+    assert code == 2 and f"cannot write {tmp_path / 'd' / 'docs'} (No space left" in line
+    assert 'the disk is full' in line
+
+
+def test_a_missing_file_is_said_before_the_tokenizer_is_loaded(tmp_path, monkeypatch,
+                                                               command_line):
+    def offline(name):
+        raise UserError("cannot load the GPT-2 BPE (ConnectionError)")
+    monkeypatch.setattr(prepare, 'get_tokenizer', offline)
+    code, err = command_line(prepare, [f'--dataset={tmp_path / "missing.txt"}',
+                                       f'--data_root={tmp_path}'])
+    assert code == 2 and f"no such file or folder: {tmp_path / 'missing.txt'}" in one_line(err)
+
+
+def test_a_read_only_filesystem_at_a_save_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    """torch reports any failed write as a RuntimeError: the errno is recovered from the folder."""
+    def refuse(obj, path, *a, **kw):
+        raise RuntimeError(f"File {path} cannot be opened.")
+
+    class ReadOnly:  # a read-only mount with room to spare
+        f_flag, f_frsize, f_blocks, f_bfree, f_bavail = os.ST_RDONLY, 4096, 2 ** 30, 0, 0
+    monkeypatch.setattr(common.torch, 'save', refuse)
+    monkeypatch.setattr(common.os, 'statvfs', lambda folder: ReadOnly())
+    with pytest.raises(OSError) as failed:
+        common.save_checkpoint({}, str(tmp_path / 'ckpt.pt'))
+    line = common.fs_error(failed.value, str(tmp_path / 'ckpt.pt'))
+    assert 'the filesystem is read-only' in line and 'free space' not in line
+
+
+def test_the_closing_hint_quotes_an_out_dir_with_spaces(data_root, tmp_path, capsys):
+    out = tmp_path / 'my run'
+    run(data_root, out, max_iters=4, eval_interval=4)
+    assert f"python sample.py --out_dir='{out}'" in capsys.readouterr().out
+
+
+def test_help_texts_keep_continued_comments_and_name_optional_types(capsys):
+    with pytest.raises(SystemExit):
+        prepare.main(['--help'])
+    val = next(line for line in capsys.readouterr().out.splitlines()
+               if '--val_documents' in line)
+    assert val.rstrip().endswith("None: a random val_size share (nanoGPT's split)")
+    from lab import study
+    with pytest.raises(SystemExit):
+        study.main(['--help'])
+    threads = next(line for line in capsys.readouterr().out.splitlines()
+                   if line.startswith('  --threads'))
+    assert 'int|None' in threads and 'NoneType' not in threads
+
+
+def test_advice_names_the_scripts_own_keys(tmp_path):
+    from evals import hellaswag
+    with pytest.raises(UserError, match='pass --hellaswag=path/to/file.jsonl'):
+        hellaswag.load(str(tmp_path / 'none.jsonl'), key='--hellaswag')
+    with pytest.raises(UserError, match='pass --data=path/to/file.jsonl'):
+        hellaswag.load(str(tmp_path / 'none.jsonl'))
+    c = dict(hellaswag=str(tmp_path / 'none.jsonl'), hellaswag_items=None)
+    with pytest.raises(UserError, match='--hellaswag='):
+        hellaswag.scorer(c, 'byte', None, False)
+
+
+def test_a_resume_records_the_checkpoints_model_not_the_ignored_settings(data_root, tmp_path,
+                                                                          capsys):
+    run(data_root, tmp_path, max_iters=10)
+    n_embd = json.loads((tmp_path / 'config.json').read_text())['n_embd']
+    run(data_root, tmp_path, init_from='resume', max_iters=20, n_embd=2 * n_embd)
+    assert "the checkpoint's model settings win over n_embd=" in capsys.readouterr().out
+    config = json.loads((tmp_path / 'config.json').read_text())
+    assert config['n_embd'] == config['model_args']['n_embd'] == n_embd
+
+
+def test_hellaswag_scores_reach_the_console_as_well_as_the_log(data_root, tmp_path, capsys):
+    from test_hellaswag import write_items
+    items = write_items(tmp_path / 'items.jsonl', n=4, seed=0)
+    log = run(data_root, tmp_path / 'run', max_iters=4, eval_interval=4, hellaswag=str(items))
+    acc = log[-1]['hellaswag_acc_norm']
+    assert f"hellaswag_acc_norm {acc:.4f}" in capsys.readouterr().out
+
+
+def test_the_w_and_b_run_name_defaults_to_the_out_dir_for_every_variant():
+    """A variant file names no W&B run: two runs of config/reduced.py in two out_dirs are two
+    W&B runs with two names, not two runs called 'reduced'."""
+    for f in os.listdir(os.path.join(HERE, 'config')):
+        made = common.run_config_file(os.path.join(HERE, 'config', f), dict(train.DEFAULTS))
+        assert 'wandb_run_name' not in made, f
+    assert 'wandb/' in open(os.path.join(HERE, '.gitignore')).read().split()

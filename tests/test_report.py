@@ -12,7 +12,7 @@ from common import UserError
 from lab import report, stats
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-PLOTS = 'matplotlib draws the report plots (pip install -r requirements-dev.txt)'
+PLOTS = 'matplotlib draws the report plots (pip install -r requirements-test.txt)'
 
 
 def test_report_table_and_plot(data_root, tmp_path):

@@ -121,7 +121,8 @@ def test_eos_stops_generation():
 # -----------------------------------------------------------------------------
 # sample.py end to end, on checkpoints written by train.py
 
-@pytest.fixture(scope='module', params=['byte', 'gpt2'])
+@pytest.fixture(scope='module',
+                params=['byte', pytest.param('gpt2', marks=pytest.mark.gpt2_bpe)])
 def trained(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f'sample-{request.param}')
     docs = root / 'docs.jsonl'
@@ -208,6 +209,7 @@ def test_pickled_code_in_a_checkpoint_is_refused(tmp_path):
     assert r.returncode == 2 and 'pwned' not in r.stdout and 'cannot read checkpoint' in r.stderr
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.parametrize('trained', ['byte'], indirect=True)
 def test_prompt_tokens_outside_the_vocabulary_are_refused(tmp_path, trained):
     """A byte-level model (vocab 320) whose checkpoint claims the gpt2 tokenizer."""

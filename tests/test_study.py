@@ -18,7 +18,7 @@ from lab.tables import spikes
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 STUDIES = os.path.join(HERE, 'lab', 'studies')
-PLOTS = 'matplotlib draws the study figures (pip install -r requirements-dev.txt)'
+PLOTS = 'matplotlib draws the study figures (pip install -r requirements-test.txt)'
 
 
 @pytest.fixture(autouse=True)
@@ -493,7 +493,7 @@ def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
         committed = open(os.path.join(HERE, 'docs', 'assets', png), 'rb').read()
         made = (tmp_path / png).read_bytes()
         assert f'Matplotlib version{matplotlib.__version__}'.encode() in committed, \
-            "the committed figures were drawn by another matplotlib: requirements-dev.txt pins it"
+            "the committed figures were drawn by another matplotlib: requirements-test.txt pins it"
         assert made == committed, png
 
 

@@ -316,6 +316,43 @@ def test_sigterm_under_torchrun_saves_once_for_all_ranks(data_root, tmp_path):
     assert log[-1]['iter'] == ckpt['iter_num'] + 2
 
 
+def worker_pid(launcher_pid, rank):
+    """The pid of torchrun's worker of this rank (its environment's RANK), from /proc."""
+    for entry in os.listdir('/proc'):
+        try:
+            env = open(f'/proc/{entry}/environ', 'rb').read().split(b'\0')
+            stat = open(f'/proc/{entry}/stat').read()
+        except (OSError, ValueError):
+            continue
+        if f'RANK={rank}'.encode() in env and b'TORCHELASTIC_RUN_ID=' in b' '.join(env) \
+                and str(launcher_pid) in stat.split(')')[-1].split()[1:2]:
+            return int(entry)
+    return None
+
+
+@pytest.mark.xdist_group('torchrun')
+@pytest.mark.long
+@pytest.mark.slow
+def test_sigterm_to_one_worker_stops_every_rank_and_says_which_got_it(data_root, tmp_path):
+    """A scheduler that signals one worker: every rank saves and stops, none reports finishing,
+    rank 0 names the signal's rank, and the workers exit 128 + the signal."""
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    out = tmp_path / 'ddp'
+    proc = subprocess.Popen([*TORCHRUN, '--standalone', '--nproc_per_node=2',
+                             'train.py', *argv(data_root, out, max_iters=100000,
+                                               lr_decay_iters=1000, eval_interval=1000,
+                                               dropout=0.0)],
+                            cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    wait_for_lines(out / 'log.jsonl', 5)
+    os.kill(worker_pid(proc.pid, 1), signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=90)
+    assert '(SIGTERM on rank 1); continue with' in stdout, stdout[-2000:]
+    assert 'finished at iter' not in stdout and 'SIGTERM on rank 1: saving' in stderr
+    assert proc.returncode != 0  # torchrun reports its workers' 143 as a failure
+    assert load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] >= 4
+
+
 @pytest.mark.slow
 def test_init_from_a_gpt2_folder(data_root, tmp_path):
     transformers = pytest.importorskip(
