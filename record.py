@@ -73,6 +73,12 @@ class Record:
         for tracker in self.trackers:
             tracker.close()
 
+    def holds_final(self, iter_num):
+        """Whether the record on disk already holds the final evaluation at iter_num (a finished
+        run, resumed: nothing to add)."""
+        return os.path.exists(self.path) and any(
+            e['iter'] == iter_num and 'val_loss_full' in e for e in read_jsonl(self.path))
+
     def commit(self):
         """A checkpoint was saved (or the run finished): the held entries join the record, which
         is written now if it was not yet (a checkpoint without a config.json beside it is not)."""

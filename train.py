@@ -434,8 +434,10 @@ def train(c):
             r = setup(c, d, signals)
             train_loop(r)
         if d.master and not c['eval_only'] and signals.stopped is None:
-            if r.iter_num > r.record.resume_iter:  # trained, with no last checkpoint: its record
-                r.record.commit()  # (always_save_checkpoint=False); a finished run: untouched
+            # what this run added with no checkpoint after it (always_save_checkpoint=False, or
+            # a final evaluation cut short before): a finished run resumed leaves its record be
+            if r.iter_num > r.record.resume_iter or not r.record.holds_final(r.iter_num):
+                r.record.commit()
             print(f"finished at iter {r.iter_num} in {format_eta(time.time() - t0)}; sample "
                   f"from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}")
         r.step_model = None  # the DDP wrapper goes while the process group lives (safety.close)

@@ -43,6 +43,7 @@ DEFAULTS = dict(
     root='experiments',  # committed runs: <root>/<name>/<run>/{log.jsonl,config.json}
     work_root='.',  # runs train in <work_root>/out-<name>/<run>/ (checkpoints; not committed)
 )
+TYPES = dict(threads=Kind(int, optional=True))  # what --help shows for a key whose default is None
 
 # -----------------------------------------------------------------------------
 # the runner
@@ -187,7 +188,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     files = [a for a in argv if not a.startswith('-')]
     c = parse_config(DEFAULTS, [a for a in argv if a.startswith('-')], described_in=(__file__,),
-                     types=dict(threads=Kind(int, optional=True)))
+                     types=TYPES)
     if not files:
         raise UserError("give a study file: python -m lab.study lab/studies/v4.py [--status=True]")
     if c['jobs'] < 1:

@@ -116,7 +116,7 @@ def lm_eval_scores(hf_dir, items_path, tmp_path):
 @pytest.mark.gpt2_bpe
 @pytest.mark.parametrize('name', ['baseline', 'reduced'])
 def test_choices_and_accuracies_equal_lm_evaluation_harness(tmp_path, name, capsys):
-    pytest.importorskip('lm_eval', reason='lm-eval, the reference, is in requirements-dev.txt (pip install -r requirements-dev.txt)')
+    pytest.importorskip('lm_eval', reason='lm-eval, the reference, is in requirements-dev.txt')
     from tools import export
     items_path = write_items(tmp_path / 'items.jsonl', n=24, seed=1)
     out = Runs(tmp_path)[name]

@@ -105,7 +105,7 @@ def test_failed_run_leaves_nothing_finished_looking(tmp_path, monkeypatch):
         return real(*a, **k)
     real = prepare.write_bin
     monkeypatch.setattr(prepare, 'write_bin', failing)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match=f"cannot write {out} \\(disk full\\)"):
         run(tmp_path, dataset=src)
     assert sorted(os.listdir(out)) == []  # no bin, no .tmp, no meta.json
     # a finished run survives a failing forced re-run untouched
@@ -114,7 +114,7 @@ def test_failed_run_leaves_nothing_finished_looking(tmp_path, monkeypatch):
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
     calls.clear()
     monkeypatch.setattr(prepare, 'write_bin', failing)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match='cannot write'):
         run(tmp_path, dataset=src, force=True, seed=5)
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
 
