@@ -18,10 +18,11 @@ import time
 
 import torch
 
-import common
-from common import UserError, device_peak_flops, parse_config, run_main, setup_device
-from lab import variants
-from prepare import open_dataset
+from kvgpt import config
+from kvgpt.config import Kind, parse_config, run_config_file
+from kvgpt.data import open_dataset
+from kvgpt.device import DTYPES, device_peak_flops, setup_device
+from kvgpt.errors import UserError, run_main
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -42,8 +43,8 @@ DEFAULTS = dict(
     json_out=None,  # append the results' JSON lines to this file
     seed=1337,  # model init and random tokens
 )
-TYPES = dict(device=common.Kind('device'), dtype=common.Kind(str, common.DTYPES),
-             compile=common.Kind(bool), dataset=common.Kind(str), json_out=common.Kind(str))
+TYPES = dict(device=Kind('device'), dtype=Kind(str, DTYPES),
+             compile=Kind(bool), dataset=Kind(str), json_out=Kind(str))
 
 
 def variant_config(name, c):
@@ -53,13 +54,13 @@ def variant_config(name, c):
     geometry = {k: c[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size')}
     base = dict(GPTConfig(**geometry).__dict__)
     first, *extras = name.split('+')
-    settings = variants.variant_settings(first, base, base.keys())
+    settings = config.variant_settings(first, base, base.keys())
     for extra in extras:
-        path = os.path.join(variants.CONFIG_DIR, f'{extra}.py')
+        path = os.path.join(config.CONFIG_DIR, f'{extra}.py')
         if not os.path.isfile(path):
             raise UserError(f"unknown config '{extra}' in '{name}': what follows a '+' is a file "
                             "config/<name>.py stacked onto the variant")
-        made = common.run_config_file(path, {**base, **settings})
+        made = run_config_file(path, {**base, **settings})
         settings.update({k: v for k, v in made.items() if k in base})
     return GPTConfig(**{**geometry, **settings})
 

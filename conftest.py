@@ -28,7 +28,7 @@ def gpt2_bpe_problem():
     """None when tiktoken loads the GPT-2 BPE (from its cache, or by downloading it once), else
     why not."""
     import prepare
-    from common import UserError
+    from kvgpt.errors import UserError
     try:
         prepare.get_tokenizer('gpt2')
     except UserError as e:
@@ -61,10 +61,10 @@ def data_root(tmp_path_factory):
 @pytest.fixture
 def command_line(capsys):
     """Run script.main(argv) under run_main, as its command line does: (exit code, stderr)."""
-    import common
+    from kvgpt import errors
 
     def run(script, argv):
         with pytest.raises(SystemExit) as stop:
-            common.run_main(lambda: script.main(argv))
+            errors.run_main(lambda: script.main(argv))
         return stop.value.code, capsys.readouterr().err
     return run

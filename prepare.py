@@ -1,7 +1,6 @@
 """
-The data format, written and read: a text corpus tokenized into data/<name>/train.bin, val.bin
-(flat token ids) and meta.json (tokenizer, vocab, dtype, counts, source); open_dataset reads
-them back, checked, as the token windows train.py trains on.
+Prepare a corpus: tokenize it into data/<name>/train.bin, val.bin (flat token ids) and
+meta.json (tokenizer, vocab, dtype, counts, source), the format kvgpt/data.py reads back.
 
     python prepare.py --dataset=pydocs                 # embedded corpus, offline, ~10 s
     python prepare.py --dataset=pysource               # the stdlib's source, offline, ~10x pydocs
@@ -16,7 +15,6 @@ rename -> meta.json last. meta.json is the mark of a finished run: it is removed
 before any rewrite and written only when both bins are complete.
 """
 import ast
-import codecs
 import functools
 import glob
 import json
@@ -25,59 +23,14 @@ import sysconfig
 
 import numpy as np
 
-import torch
-from filelock import FileLock
-
-from common import Kind, UserError, fs_error, parse_config, read_json, run_main, write_json
+from kvgpt.config import Kind, parse_config
+from kvgpt.data import EMBEDDED_CORPORA, SPLITS, bins_match_meta, write_dataset
+from kvgpt.errors import UserError, run_main
+from kvgpt.files import read_json
+from kvgpt.tokenizer import TOKENIZERS, get_tokenizer
 
 # -----------------------------------------------------------------------------
-# tokenizers: prepare() encodes with them; sample.py decodes with the same ones
-
-class ByteTokenizer:
-    """Raw UTF-8 bytes plus one end-of-document token: no download, ever."""
-    name, vocab_size, eot = 'byte', 257, 256
-
-    def encode(self, text):
-        return list(text.encode('utf-8'))
-
-    def decode_bytes(self, ids):
-        return bytes(i for i in ids if i < 256)
-
-
-class GPT2Tokenizer:
-    """tiktoken's GPT-2 BPE; documents end with <|endoftext|> (50256) as in nanoGPT."""
-    name, vocab_size, eot = 'gpt2', 50257, 50256
-
-    def __init__(self):
-        import tiktoken
-        try:
-            self.enc = tiktoken.get_encoding('gpt2')
-        except Exception as e:
-            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}); tiktoken "
-                            "downloads it once: connect once, or set TIKTOKEN_CACHE_DIR to a "
-                            "folder with its cached files (prepare.py: or --tokenizer=byte)"
-                            ) from None
-
-    def encode(self, text):
-        return self.enc.encode_ordinary(text)  # special-token text in the corpus stays plain text
-
-    def decode_bytes(self, ids):
-        return self.enc.decode_bytes([i for i in ids if i < self.eot])
-
-
-TOKENIZERS = {'byte': ByteTokenizer, 'gpt2': GPT2Tokenizer}
-
-
-@functools.lru_cache(maxsize=None)
-def get_tokenizer(name):
-    if name not in TOKENIZERS:
-        raise UserError(f"unknown tokenizer '{name}': choose one of {', '.join(TOKENIZERS)}")
-    return TOKENIZERS[name]()
-
-
-def stream_decoder():
-    """Bytes in, text out, holding back an incomplete UTF-8 sequence split across tokens."""
-    return codecs.getincrementaldecoder('utf-8')(errors='replace')
+# settings
 
 
 DEFAULTS = dict(
@@ -103,257 +56,6 @@ TYPES = dict(tokenizer=Kind(str, tuple(TOKENIZERS)), val_size=Kind(float), out_n
              hub_config=Kind(str), val_documents=Kind(int),
              dtype=Kind(str, ('auto', 'uint8', 'uint16', 'uint32')))
 LOCAL_BUILDERS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}
-
-
-# -----------------------------------------------------------------------------
-# the format: data/<name>/{train,val}.bin (flat token ids) and meta.json, written last by
-# prepare() below; train.py and every other script read them through open_dataset
-
-SPLITS = ('train', 'val')
-
-
-META_TYPES = dict(tokenizer=str, vocab_size=int, dtype=str, train_tokens=int, val_tokens=int)
-BIN_DTYPES = ('uint8', 'uint16', 'uint32')
-CHECKED_AT_OPEN = 2 ** 20  # tokens at each end of each split whose ids are checked when opened
-
-
-def meta_problem(meta):
-    """None when meta.json has every key train.py reads, of the right type, else what is not."""
-    if not isinstance(meta, dict):
-        return f"it holds a {type(meta).__name__}, not an object"
-    for key, kind in META_TYPES.items():
-        if key not in meta:
-            return f"it has no '{key}'"
-        if type(meta[key]) is not kind:
-            return f"its '{key}' is {meta[key]!r}, not a {kind.__name__}"
-    if meta['dtype'] not in BIN_DTYPES:
-        return f"its dtype {meta['dtype']!r} is not one of {', '.join(BIN_DTYPES)}"
-    return None
-
-
-def bins_match_meta(data_dir, meta):
-    """None when meta.json is whole and both bins have exactly the size it records (a whole
-    number of its dtype's tokens), else what is wrong."""
-    if meta_problem(meta):
-        return (f"{os.path.join(data_dir, 'meta.json')} is damaged ({meta_problem(meta)}): "
-                "re-run prepare.py for this dataset with --force=True")
-    for split in SPLITS:
-        path = os.path.join(data_dir, f'{split}.bin')
-        size = os.path.getsize(path) if os.path.exists(path) else -1
-        want = meta[f'{split}_tokens'] * np.dtype(meta['dtype']).itemsize
-        if size != want:
-            found = "is missing" if size < 0 else f"has {size:,} bytes, not {want:,}"
-            return (f"{path} {found} (meta.json records {meta[f'{split}_tokens']:,} "
-                    f"{meta['dtype']} tokens): re-run prepare.py with --force=True")
-    return None
-
-
-def key_generator(key):
-    """A torch generator seeded by key (a tuple of ints) alone: the same draws on every machine,
-    restart and world size."""
-    seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
-    return torch.Generator().manual_seed(seed)
-
-
-class Dataset:
-    """A prepared dataset, checked before anything reads it, that gives (x, y) token windows."""
-
-    def __init__(self, data_dir, meta, block_size, parts=None):
-        self.dir, self.meta, self.block_size = data_dir, meta, block_size
-        # each split is a list of (file, byte offset of its tokens, token count): one bin, or the
-        # llm.c shards of open_shards, read as one sequence
-        self.parts = parts or {split: [(os.path.join(data_dir, f'{split}.bin'), 0,
-                                        meta[f'{split}_tokens'])] for split in SPLITS}
-
-    def tokens(self, split):
-        return self.meta[f'{split}_tokens']
-
-    def starts(self, split, count, *key):
-        """`count` window starts drawn from a generator seeded by key alone: the same windows for
-        every model, restart and world size."""
-        high = self.tokens(split) - self.block_size - 1
-        return torch.randint(high, (count,), generator=key_generator(key)).numpy()
-
-    def tiling(self, split, batch_size):
-        """Batches of up to batch_size window starts, with their window length, in which every
-        token of the split after the first is a target exactly once, in order: full windows end
-        to end, then one shorter window for the remainder. Nothing random: the same tokens for
-        every run."""
-        targets, block = self.tokens(split) - 1, self.block_size
-        starts = np.arange(targets // block) * block
-        batches = [(starts[i:i + batch_size], block) for i in range(0, len(starts), batch_size)]
-        if targets % block:
-            batches.append((np.array([len(starts) * block]), targets % block))
-        return batches
-
-    def memmaps(self, split):
-        """The split's files as read-only arrays, fresh each call: nanoGPT's fix for the memory
-        growth of a long-lived memmap."""
-        return [np.memmap(path, dtype=self.meta['dtype'], mode='r', offset=byte_offset,
-                          shape=(count,)) for path, byte_offset, count in self.parts[split]]
-
-    def read(self, split, start, stop, arrays=None):
-        """Tokens [start, stop) of the split, across its files (arrays: its memmaps, opened once
-        for a whole batch)."""
-        pieces, offset = [], 0
-        for tokens in arrays or self.memmaps(split):
-            lo, hi = max(start - offset, 0), min(stop - offset, len(tokens))
-            if lo < hi:
-                pieces.append(np.asarray(tokens[lo:hi]))
-            offset += len(tokens)
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
-    def check_ids(self, split, tokens):
-        """Token ids at or above the vocabulary would index past the embedding (on CUDA, a
-        device-side assert): a damaged bin, or one made with another tokenizer."""
-        top = int(tokens.max()) if tokens.size else 0
-        if top >= self.meta['vocab_size']:
-            raise UserError(f"{self.dir}/{split}.bin holds token id {top}, at or above the "
-                            f"vocabulary of {self.meta['vocab_size']} in meta.json: the file is "
-                            "damaged or from another tokenizer; re-run prepare.py with "
-                            "--force=True")
-
-    def batch(self, split, starts, device='cpu', length=None):
-        """Inputs and next-token targets (len(starts), length or block_size) as int64, on
-        device; their ids checked against the vocabulary (on the host, before the copy: free)."""
-        length = length or self.block_size
-        arrays = self.memmaps(split)
-        windows = np.stack([self.read(split, s, s + length + 1, arrays) for s in starts])
-        self.check_ids(split, windows)
-        xy = torch.from_numpy(windows.astype(np.int64))
-        x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
-        if str(device).startswith('cuda'):  # pinned, so the copy may overlap the GPU's work
-            return (x.pin_memory().to(device, non_blocking=True),
-                    y.pin_memory().to(device, non_blocking=True))
-        return x.to(device), y.to(device)  # any other device (mps), synchronously
-
-
-def open_dataset(data_root, name, block_size):
-    """The dataset data_root/<name>: prepare.py's bins and meta.json, or else llm.c shards."""
-    data_dir = os.path.join(data_root, name)
-    meta_path = os.path.join(data_dir, 'meta.json')
-    if not os.path.exists(meta_path):
-        bins = glob.glob(os.path.join(glob.escape(data_dir), '*.bin'))
-        if unfinished_prepare(data_dir, bins):
-            raise UserError(f"{data_dir} has train.bin and val.bin but no meta.json, which "
-                            "prepare.py writes last: its run did not finish (a full disk?); run "
-                            f"`python prepare.py --dataset=...` for {name} again")
-        if bins:
-            return open_shards(data_dir, block_size)
-        raise UserError(f"no prepared dataset at {data_dir}: run "
-                        f"`python prepare.py --dataset={name}` first")
-    meta = read_json(meta_path, 'meta.json')
-    problem = bins_match_meta(data_dir, meta)
-    if problem:
-        raise UserError(problem)
-    check_long_enough(data_dir, meta, block_size)
-    return checked(Dataset(data_dir, meta, block_size))
-
-
-def unfinished_prepare(data_dir, bins):
-    """Whether bins are prepare.py's own train.bin and val.bin (not llm.c shards, which have no
-    meta.json and begin with their magic number)."""
-    own = {os.path.join(data_dir, f'{split}.bin') for split in SPLITS}
-    if not own <= set(bins):
-        return False
-    with open(os.path.join(data_dir, 'train.bin'), 'rb') as f:
-        header = np.frombuffer(f.read(4), dtype='<i4')
-    return len(header) < 1 or header[0] != SHARD_MAGIC
-
-
-def check_long_enough(data_dir, meta, block_size):
-    for split in SPLITS:
-        if meta[f'{split}_tokens'] <= block_size + 1:
-            raise UserError(f"{data_dir}'s {split} split has {meta[f'{split}_tokens']} tokens, "
-                            f"too few for block_size {block_size}")
-
-
-# llm.c's and modded-nanogpt's pre-tokenized shards (e.g. fineweb_train_000001.bin): a header of
-# 256 int32 (magic, version, token count, zeros), then the GPT-2 token ids as uint16
-SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER = 20240520, 1, 256 * 4
-
-
-def shard_tokens(path):
-    """The token count of one shard, its header and size checked."""
-    with open(path, 'rb') as f:
-        header = np.frombuffer(f.read(SHARD_HEADER), dtype='<i4')
-    size = os.path.getsize(path)
-    if len(header) < 3 or header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION:
-        found = f"magic {header[0]}, version {header[1]}" if len(header) >= 3 else "no header"
-        raise UserError(f"{path} is not an llm.c token shard ({found}; expected magic "
-                        f"{SHARD_MAGIC}, version {SHARD_VERSION}): remove it from the folder, "
-                        "or prepare the corpus with prepare.py")
-    if size != SHARD_HEADER + 2 * int(header[2]):
-        raise UserError(f"{path} has {size:,} bytes, but its header records {int(header[2]):,} "
-                        "uint16 tokens after 1,024 header bytes: the shard is truncated or "
-                        "damaged; download it again")
-    return int(header[2])
-
-
-def open_shards(data_dir, block_size):
-    """A folder of llm.c shards with no meta.json: every *.bin with 'val' in its name is the val
-    split, the rest train, each split its shards in name order read as one sequence."""
-    files = sorted(glob.glob(os.path.join(glob.escape(data_dir), '*.bin')))
-    parts = {'val': [f for f in files if 'val' in os.path.basename(f)]}
-    parts['train'] = [f for f in files if f not in parts['val']]
-    for split in SPLITS:
-        if not parts[split]:
-            raise UserError(f"{data_dir} holds .bin shards but none for {split} (a shard is "
-                            "val when its name has 'val' in it): add them, or run prepare.py")
-        parts[split] = [(f, SHARD_HEADER, shard_tokens(f)) for f in parts[split]]
-    meta = dict(tokenizer='gpt2', vocab_size=50257, dtype='uint16', source='llm.c shards',
-                **{f'{s}_tokens': sum(p[2] for p in parts[s]) for s in SPLITS})
-    check_long_enough(data_dir, meta, block_size)
-    return checked(Dataset(data_dir, meta, block_size, parts))
-
-
-def checked(data):
-    for split in SPLITS:  # a cheap look at both ends; each batch is checked as it is read
-        n = data.tokens(split)
-        data.check_ids(split, data.read(split, 0, CHECKED_AT_OPEN))
-        data.check_ids(split, data.read(split, max(0, n - CHECKED_AT_OPEN), n))
-    return data
-
-
-
-def check_fits(meta, vocab_size, model_block, block_size):
-    """The dataset's ids index into the model's vocabulary, and its windows fit the model."""
-    if vocab_size < meta['vocab_size']:
-        raise UserError(f"the model's vocab_size {vocab_size} is smaller than the dataset's "
-                        f"{meta['vocab_size']} ({meta['tokenizer']}): raise vocab_size or leave "
-                        "it None")
-    if block_size > model_block:
-        raise UserError(f"block_size {block_size} is longer than the model's {model_block}")
-
-
-def check_same_data(saved, meta, checkpoint, data_dir):
-    """A resume continues on the data its checkpoint was trained on: saved is the meta.json the
-    checkpoint recorded (nanoGPT's and converted checkpoints record none)."""
-    differ = [f"{k} {saved.get(k)!r} != {meta.get(k)!r}" for k in
-              ('tokenizer', 'vocab_size', 'dtype', 'train_tokens', 'val_tokens')
-              if saved and saved.get(k) != meta.get(k)]
-    if differ:
-        raise UserError(f"{checkpoint} was trained on other data than {data_dir} "
-                        f"({', '.join(differ)}): resume on the data it was trained on, or start "
-                        "a new out_dir")
-
-
-def open_or_prepare(data_root, name, block_size, master=True, barrier=None):
-    """open_dataset, after preparing an embedded corpus (pydocs, pysource) that is not there yet:
-    runs started together wait on a lock while the first prepares it; under DDP rank 0 prepares
-    and every rank waits at barrier()."""
-    meta_path = os.path.join(data_root, name, 'meta.json')
-    if name in EMBEDDED and not os.path.exists(meta_path):
-        if master:
-            os.makedirs(data_root, exist_ok=True)
-            with FileLock(os.path.join(data_root, '.prepare.lock')):
-                if not os.path.exists(meta_path):
-                    print(f"no prepared {name} in {data_root}/: preparing the embedded corpus "
-                          "first (offline, ~10 s)")
-                    prepare(dict(DEFAULTS, dataset=name, data_root=data_root, progress=False))
-        if barrier is not None:
-            barrier()
-    return open_dataset(data_root, name, block_size)
 
 
 # -----------------------------------------------------------------------------
@@ -416,8 +118,10 @@ def pysource_documents():
     return tuple(f"# {rel}\n{source}" for rel, source in stdlib_files())
 
 
-# the corpora every Python installation carries: offline, byte-level by default
+# the corpora every Python installation carries: offline, byte-level by default (kvgpt/data.py
+# names them too: train.py runs this script for one that is not prepared yet)
 EMBEDDED = {'pydocs': pydocs_documents, 'pysource': pysource_documents}
+assert tuple(EMBEDDED) == EMBEDDED_CORPORA
 
 
 # -----------------------------------------------------------------------------
@@ -674,33 +378,6 @@ def meta_head(c, tok, dtype, settings):
     """meta.json's first keys, the same for a streamed and a non-streamed run."""
     return dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eot=tok.eot, dtype=dtype,
                 source=c['dataset'], settings=settings)
-
-
-def write_dataset(out_dir, meta, write):
-    """write(paths) fills both bins under temporary names (and meta's counts); then they replace
-    the old ones and meta.json comes last: a failure leaves the old data as it was."""
-    os.makedirs(out_dir, exist_ok=True)
-    meta_path = os.path.join(out_dir, 'meta.json')
-    paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}
-    temporary = {s: path + '.tmp' for s, path in paths.items()}
-    target = out_dir  # its bins, while they are written
-    try:
-        write(temporary)
-        target = meta_path
-        if os.path.exists(meta_path):
-            os.remove(meta_path)  # from here until the new meta.json, nothing vouches for the bins
-        for s in SPLITS:
-            os.replace(temporary[s], paths[s])
-        write_json(meta_path, meta)
-    except OSError as e:  # a full disk reports no file name: say which one
-        raise UserError(fs_error(e, e.filename if e.filename else target)) from None
-    finally:
-        for path in temporary.values():
-            if os.path.exists(path):
-                os.remove(path)
-    print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
-          f"({meta['tokenizer']}, {meta['dtype']})")
-    return meta
 
 
 STREAM_BATCH = 1000  # documents tokenized together (by one worker) when streaming

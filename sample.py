@@ -12,10 +12,12 @@ import os
 import sys
 import torch
 
-from common import (DTYPES, Kind, UserError, model_errors, model_from_checkpoint, parse_config,
-                    run_main, setup_device)
+from kvgpt.checkpoint import model_from_checkpoint
+from kvgpt.config import Kind, parse_config
+from kvgpt.device import DTYPES, setup_device
+from kvgpt.errors import UserError, model_errors, run_main
+from kvgpt.tokenizer import get_tokenizer, stream_decoder
 from model import GPT
-from prepare import get_tokenizer, stream_decoder
 
 DEFAULTS = dict(
     out_dir='out',  # the run to sample from (out_dir/ckpt.pt)

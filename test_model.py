@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from common import device_peak_flops
+from kvgpt.device import device_peak_flops
 from model import GPT, GPTConfig, CausalSelfAttention
 
 GPT2 = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, bias=False)

@@ -10,6 +10,7 @@ sees the same tokens at the same step, so runs compare side by side. Checkpoints
 atomically, never from a non-finite state, and a resume continues bit for bit. Ctrl-C or
 SIGTERM saves and stops (exit code 128 + the signal's number); --init_from=auto continues.
 """
+import importlib
 import math
 import os
 import shlex
@@ -22,14 +23,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import model
-import prepare
-import safety
 from evals import hellaswag
-from common import (DTYPES, Kind, UserError, device_peak_flops, field_kinds, fs_error,
-                    load_optimizer_state, model_errors, model_from_checkpoint, parse_config,
-                    print_overrides, run_main, save_checkpoint, setup_device)
-from record import Record, StepTimer, format_eta, load_probe, open_trackers, wandb_run_id
+from kvgpt import checkpoint, distributed
+from kvgpt.checkpoint import load_optimizer_state, model_from_checkpoint, save_checkpoint
+from kvgpt.config import Kind, field_kinds, parse_config, print_overrides
+from kvgpt.data import Dataset, check_fits, check_same_data, open_or_prepare
+from kvgpt.device import DTYPES, device_peak_flops, setup_device
+from kvgpt.errors import UserError, fs_error, model_errors, run_main
+from kvgpt.tracking import Record, open_trackers, wandb_run_id
+import model
 from model import ACTIVATIONS, GPT, QUERY_MODES, GPTConfig, upgrade_query
 
 # -----------------------------------------------------------------------------
@@ -148,7 +150,7 @@ def build_model(c, meta, master):
             model = GPT(GPTConfig(**model_args_from(c, meta)), verbose=master)
     elif c['init_from'] == 'resume':
         model, ckpt = model_from_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'), verbose=master)
-        prepare.check_same_data(ckpt.get('meta'), meta, f"{c['out_dir']}/ckpt.pt",
+        check_same_data(ckpt.get('meta'), meta, f"{c['out_dir']}/ckpt.pt",
                                 f"{c['data_root']}/{c['dataset']}")
         changed = [k for k, v in ckpt['model_args'].items() if c.get(k) is not None and c[k] != v]
         if changed and master:
@@ -157,7 +159,7 @@ def build_model(c, meta, master):
     else:
         with model_errors():
             model = GPT.from_pretrained(c['init_from'], dropout=c['dropout'])
-    prepare.check_fits(meta, model.config.vocab_size, model.config.block_size, c['block_size'])
+    check_fits(meta, model.config.vocab_size, model.config.block_size, c['block_size'])
     return model, ckpt
 
 
@@ -178,19 +180,53 @@ def get_lr(it, c):
 
 
 # -----------------------------------------------------------------------------
+# step times: what the log lines report
+
+TIMING_WARMUP = 2  # steps after each (re)start left out of step times (compilation, caches)
+
+
+class StepTimer:
+    """Seconds per step since the last log line, leaving out the TIMING_WARMUP steps after each
+    (re)start and every evaluation."""
+
+    def __init__(self, start_iter):
+        self.start_iter, self.mark = start_iter, None
+
+    def tick(self, iter_num):
+        if iter_num - self.start_iter == TIMING_WARMUP:
+            self.mark = (iter_num, time.time())
+
+    def pause(self, seconds):
+        if self.mark is not None:
+            self.mark = (self.mark[0], self.mark[1] + seconds)
+
+    def step_time(self, iter_num):
+        if self.mark is None or self.mark[0] == iter_num:
+            return None
+        now = time.time()
+        dt, self.mark = (now - self.mark[1]) / (iter_num - self.mark[0]), (iter_num, now)
+        return dt
+
+
+def format_eta(seconds):
+    m = int(seconds // 60)
+    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{int(seconds % 60):02d}s"
+
+
+# -----------------------------------------------------------------------------
 # the loop
 
 @dataclass
 class Run:  # what the loop reads and changes, made by setup() below
     c: dict  # the settings
-    d: safety.Dist  # this process's place in the world
-    dev: object  # common.DeviceSetup: device, dtype, autocast
-    data: prepare.Dataset
+    d: distributed.Dist  # this process's place in the world
+    dev: object  # kvgpt.device.DeviceSetup: device, dtype, autocast
+    data: Dataset
     model: GPT  # the raw model: checkpoints, evaluation, probes
     step_model: torch.nn.Module  # the same, compiled and/or wrapped for DDP: the training steps
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    signals: safety.Signals
+    signals: distributed.Signals
     record: Record = None  # rank 0's config.json and log.jsonl
     probe: object = None  # the evaluation hook of the probe setting
     hellaswag: object = None  # scores the hellaswag setting's items (evals/hellaswag.py)
@@ -210,10 +246,10 @@ def train_loop(r):
     while True:
         last = r.iter_num >= c['max_iters'] or c['eval_only']
         if r.iter_num % c['eval_interval'] == 0 or last:
-            safety.check_finite(d, nonfinite, r.iter_num, c['out_dir'])
+            distributed.check_finite(d, nonfinite, r.iter_num, c['out_dir'])
             try:
                 timer.pause(evaluate(r, trained=r.iter_num > start_iter))
-            except safety.Interrupted:  # the state is the last step's, whole: save it and stop
+            except distributed.Interrupted:  # the state is the last step's, whole: save, stop
                 return stop(r, nonfinite)
         if last:
             return
@@ -247,17 +283,17 @@ def train_loop(r):
         r.iter_num += 1
         timer.tick(r.iter_num)
         if r.iter_num in c['keep_checkpoints']:
-            safety.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
+            distributed.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
             save(r, 'kept', f'ckpt_{r.iter_num}.pt')
         if log_now:
-            safety.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
+            distributed.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
             log_step(r, loss_sum / accum, grad_norm, lr, timer.step_time(r.iter_num))
         if r.signals.requested(r.iter_num, c['log_interval']):
             return stop(r, nonfinite)
 
 
 def stop(r, nonfinite):
-    safety.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
+    distributed.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
     save(r, 'signal')
     if r.d.master:
         print(f"stopped by a signal at iter {r.iter_num} ({r.signals.describe()}); continue with "
@@ -311,7 +347,7 @@ def evaluate(r, trained):
               + ''.join(f", {k} {entry[k]:.4f}" for k in ('hellaswag_acc', 'hellaswag_acc_norm')
                         if k in entry))
         r.record.log(**entry)
-    safety.check_finite(r.d, not math.isfinite(losses['val']), r.iter_num, c['out_dir'])
+    distributed.check_finite(r.d, not math.isfinite(losses['val']), r.iter_num, c['out_dir'])
     improved = losses['val'] < r.best_val_loss
     r.best_val_loss = min(r.best_val_loss, losses['val'])
     # a checkpoint only of steps this process trained: a resume's first evaluation saves nothing
@@ -338,6 +374,24 @@ def mean_loss(r, model, split, batches, per_token=False):
     return (total[0] / total[1]).item()
 
 
+def load_probe(c, data, dev):
+    """The probe setting's hook, run at each evaluation on the model in eval mode, under the
+    run's autocast: its dict joins the log line."""
+    try:
+        probe = importlib.import_module(c['probe']).probe(data, c, dev.device)
+    except ImportError as e:
+        raise UserError(f"probe={c['probe']!r} cannot be imported ({e}): run from the repository "
+                        "root, or set --probe=None") from None
+
+    def run(model):
+        model.eval()
+        with dev.ctx:
+            values = probe(model)
+        model.train()
+        return values
+    return run
+
+
 # -----------------------------------------------------------------------------
 # checkpoints: save and restore
 
@@ -345,7 +399,7 @@ def save(r, reason, name='ckpt.pt'):
     """Write a checkpoint atomically from rank 0, never from non-finite weights. The ranks agree on
     failure first, so a save that fails on rank 0 ends every rank with its message, not a hang.
     Once ckpt.pt is written, the run's record may describe it."""
-    states = safety.rng_states(r.d)  # a collective: every rank takes part
+    states = distributed.rng_states(r.d)  # a collective: every rank takes part
     path, error = os.path.join(r.c['out_dir'], name), None
     if r.d.master and not all(bool(torch.isfinite(p).all()) for p in r.model.parameters()):
         error = f"parameters are non-finite at iter {r.iter_num}; not saving, {path} is untouched"
@@ -364,7 +418,7 @@ def save(r, reason, name='ckpt.pt'):
             error = f"{fs_error(e, path)}; the previous checkpoint there is untouched"
         except UserError as e:  # the record: the checkpoint and the record are as they were
             error = f"{e}; {path} and the run's record are as they were"
-    if safety.any_rank(r.d, error is not None):
+    if distributed.any_rank(r.d, error is not None):
         raise UserError(error or f"rank 0 could not save {path} at iter {r.iter_num} "
                                  "(see its error)")
     if r.d.master:
@@ -381,7 +435,7 @@ def restore(r, ckpt):
     if ckpt.get('scaler'):
         r.scaler.load_state_dict(ckpt['scaler'])
     r.iter_num, r.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
-    safety.set_rng_state(r.d, ckpt.get('rng', []))
+    distributed.set_rng_state(r.d, ckpt.get('rng', []))
 
 
 # -----------------------------------------------------------------------------
@@ -392,7 +446,7 @@ def setup(c, d, signals):
     d.per_process(c['gradient_accumulation_steps'])  # the global batch: the same at any world size
     dev = setup_device(d.device, c['dtype'], c['compile'])
     torch.manual_seed(c['seed'] + d.rank)
-    data = prepare.open_or_prepare(c['data_root'], c['dataset'], c['block_size'], d.master,
+    data = open_or_prepare(c['data_root'], c['dataset'], c['block_size'], d.master,
                                    dist.barrier if d.ddp else None)
     if d.master:
         print_overrides(c, DEFAULTS)
@@ -424,13 +478,13 @@ def setup(c, d, signals):
 
 def train(c):
     """One run, from the settings to its last checkpoint: returns the Run."""
-    d = safety.setup_distributed(c['device'], c['backend'])
-    lock = safety.OutDirLock(c['out_dir']) if d.master else None
+    d = distributed.setup_distributed(c['device'], c['backend'])
+    lock = checkpoint.OutDirLock(c['out_dir']) if d.master else None
     r, t0 = None, time.time()
     try:
-        with safety.Signals(d, c['out_dir']) as signals:
+        with distributed.Signals(d, c['out_dir']) as signals:
             # after the lock: the checkpoint cannot change under it
-            c = dict(c, init_from=safety.resolve_init(c, d.master))
+            c = dict(c, init_from=checkpoint.resolve_init(c, d.master))
             r = setup(c, d, signals)
             train_loop(r)
         if d.master and not c['eval_only'] and signals.stopped is None:
@@ -440,12 +494,12 @@ def train(c):
                 r.record.commit()
             print(f"finished at iter {r.iter_num} in {format_eta(time.time() - t0)}; sample "
                   f"from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}")
-        r.step_model = None  # the DDP wrapper goes while the process group lives (safety.close)
+        r.step_model = None  # the DDP wrapper goes while the process group lives
         return r
     finally:
         if r is not None and r.record is not None:
             r.record.close()  # the trackers' last writes
-        safety.close(d, finished=r is not None and r.step_model is None)
+        distributed.close(d, finished=r is not None and r.step_model is None)
         if lock is not None:
             lock.release(started=r is not None and r.record is not None and r.record.started)
 

@@ -6,5 +6,4 @@
 # 794,716 against 779,392, +2.0%).
 out_dir = 'out-baseline-small'
 weight_decay = 0.1
-n_embd = n_embd * 31 // 32 // n_head * n_head
-mlp_hidden = 4 * n_embd
+n_embd = n_embd * 31 // 32 // n_head * n_head  # the MLP: 4 x n_embd, model.py's default

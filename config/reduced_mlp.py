@@ -2,7 +2,6 @@
 # (3456 at n_embd 768, the paper's), 124,373,760 parameters like the baseline, which it beats
 # in the paper. Written against n_embd so it stays parameter-matched at any width.
 out_dir = 'out-reduced-mlp'
-query = 'identity'
-attn_scale = 1 / (2 * (n_embd // n_head) ** 0.5)
+query = 'identity'  # the halved scale 1/(2 sqrt(head size)): model.py picks it
 weight_decay = 2 ** -5
 mlp_hidden = 4 * n_embd + n_embd // 2

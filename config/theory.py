@@ -3,7 +3,7 @@
 # W_Q) model; then `python -m tools.convert --in_dir=out-theory` rewrites it with W_Q = I and
 # identical outputs. Untied embeddings: a non-orthogonal change of basis cannot keep the LM head
 # tied to the token embedding.
-from config.small import *  # noqa: F401,F403
+include = 'small.py'  # as if `config/small.py` came first on the command line
 
 out_dir = 'out-theory'
 norm = False

@@ -21,9 +21,11 @@ import urllib.request
 import torch
 import torch.nn.functional as F
 
-from common import (DTYPES, Kind, UserError, atomic_write, parse_config, run_main, setup_device,
-                    write_json)
-from prepare import get_tokenizer
+from kvgpt.config import Kind, parse_config
+from kvgpt.device import DTYPES, setup_device
+from kvgpt.errors import UserError, run_main
+from kvgpt.files import atomic_write, write_json
+from kvgpt.tokenizer import get_tokenizer
 
 DEFAULTS = dict(
     out_dir='out',  # the run to score (out_dir/ckpt.pt); the result goes to out_dir/hellaswag.json

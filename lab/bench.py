@@ -23,8 +23,10 @@ import torch
 
 import bench
 from bench import batches, sync, timed_step, variant_config, write_results
-from common import (UserError, parse_config, read_jsonl, run_main, setup_device, write_json,
-                    write_text)
+from kvgpt.config import Kind, parse_config
+from kvgpt.device import setup_device
+from kvgpt.errors import UserError, run_main
+from kvgpt.files import read_jsonl, write_json, write_text
 from lab import markdown as md, probes
 from model import GPT, KVCache, causal_mask
 
@@ -43,7 +45,7 @@ DEFAULTS = dict(
     layouts='1x2,2x1',  # runs mode: jobs x threads per job, side by side
     run_steps=100,  # runs mode: steps of each short run (the full run is projected from its parts)
 )
-TYPES = dict(bench.TYPES, run_dir=bench.common.Kind(str))
+TYPES = dict(bench.TYPES, run_dir=Kind(str))
 
 
 def bench_sample(c, dev):

@@ -10,7 +10,8 @@ named with its parameters in the study file's `tables` and `figures`.
 import os
 import re
 
-from common import UserError, write_text
+from kvgpt.errors import UserError
+from kvgpt.files import write_text
 from lab import figures, tables
 from lab.tables import Context
 

@@ -9,9 +9,11 @@ import os
 import shlex
 from dataclasses import dataclass
 
+from kvgpt.config import parse_value, variant_settings
+from kvgpt.errors import UserError
+from kvgpt.files import read_json, read_jsonl, write_text
+from model import GPTConfig, upgrade_query
 import train
-from common import UserError, parse_value, read_json, read_jsonl, write_text
-from lab.variants import variant_settings
 
 # -----------------------------------------------------------------------------
 # a study file: lowercase names are its declarations, UPPERCASE ones the file's own constants
@@ -404,13 +406,28 @@ def reused(s, folder, root):
 def comparable(config):
     """A run's settings as JSON values, without what names its folder or its W&B run. Runs from
     before the probe setting logged the lab's probes with diagnostics=True, and had
-    eval_windows='fixed', the one behaviour there is now: the same settings as today's."""
+    eval_windows='fixed', the one behaviour there is now: the same settings as today's. A model
+    value the code derives (the softmax scale, the MLP width, the query rank, the KV heads) is
+    compared as derived, so a config file that stopped writing one out still matches."""
     config = json.loads(json.dumps(config))
     for key in ('out_dir', 'init_from', 'model_args', 'params', 'eval_windows', 'wandb_run_name'):
         config.pop(key, None)
     if config.pop('diagnostics', False):
         config.setdefault('probe', 'lab.probes')
-    return config
+    return dict(config, **derived_model(config))
+
+
+def derived_model(config):
+    """The model values GPTConfig derives when they are left None, from the config's model keys
+    (the vocabulary does not enter them)."""
+    args = {k: config[k] for k in train.MODEL_KEYS if k in config}
+    args = upgrade_query(dict(args, query_identity=config.get('query_identity', False)))
+    try:
+        model = GPTConfig(**dict(args, vocab_size=args.get('vocab_size') or 64))
+    except (TypeError, ValueError):
+        return {}
+    return dict(attn_scale=model.scale, mlp_hidden=model.mlp_hidden,
+                query_rank=model.query_rank, n_kv_head=model.n_kv_head)
 
 
 def check_reused(s, p, folders, base, root, checked=None):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from prepare import key_generator
+from kvgpt.data import key_generator
 from model import causal_mask
 
 # Keys of the probes' batches, next to the (data_seed, step) keys of the training batches: above

@@ -21,10 +21,11 @@ import sys
 
 import torch
 
-from common import (UserError, atomic_write, load_checkpoint, parse_config, read_json, read_jsonl,
-                    run_main, write_text)
+from kvgpt.checkpoint import load_checkpoint
+from kvgpt.config import Kind, parse_config, variants
+from kvgpt.errors import UserError, run_main
+from kvgpt.files import atomic_write, read_json, read_jsonl, write_text
 from lab import markdown as md, stats
-from lab.variants import variants
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -36,6 +37,7 @@ DEFAULTS = dict(
     smooth=0.9,  # the train-loss curve's moving average: this much weight per step on the past
     best=False,  # only print the run directory with the lowest final val loss
 )
+TYPES = dict(png=Kind(str), md=Kind(str), gap_png=Kind(str), diag_png=Kind(str))  # for --help
 QUERY_LABEL = dict(linear='full attention', identity='W_Q=I', residual='q=x+xW_Q',
                    residual_gelu='q=x+GELU(xW_Q)', nonlinear='nonlinear q')
 # the gap figure's reference lines: no gap, and the margin within which the rule says "matches"
@@ -370,7 +372,7 @@ def plot_diagnostics(runs, path):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     dirs = [a for a in argv if not a.startswith('-')]
-    c = parse_config(DEFAULTS, [a for a in argv if a.startswith('-')])
+    c = parse_config(DEFAULTS, [a for a in argv if a.startswith('-')], types=TYPES)
     if not dirs:
         raise UserError("give one or more run directories: "
                         "python -m lab.report out-a out-b [--png=x.png] [--md=x.md]")

@@ -17,7 +17,7 @@ def t_dist():
     try:
         from scipy import stats
     except ImportError:
-        from common import UserError
+        from kvgpt.errors import UserError
         raise UserError("the experiments' statistics need scipy: `pip install scipy` (it is in "
                         "requirements-dev.txt)") from None
     return stats.t

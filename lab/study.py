@@ -27,11 +27,11 @@ import subprocess
 import sys
 import time
 
-from common import Kind, UserError, parse_config, run_main
+from kvgpt.config import Kind, parse_config
+from kvgpt.errors import UserError, run_main
 from lab import docs
-from lab.plan import (base_config, check_reused, commit_run, load_study, plan, results_of,
-                      shell_line, train_args, work_dir)
-from lab.plan import reused as plan_reused
+from lab.plan import (base_config, check_reused, commit_run, load_study, plan, results_of, reused
+                      as plan_reused, shell_line, train_args, work_dir)
 
 DEFAULTS = dict(
     jobs=1,  # runs at a time on this machine

@@ -7,7 +7,7 @@ Context below reads a study's committed runs once; the figures use it too.
 import math
 import os
 
-from common import read_json, read_jsonl
+from kvgpt.files import read_json, read_jsonl
 from lab import markdown as md, plan as S, stats
 from model import GPTConfig
 

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import model as M
 from lab.probes import attention_probs, diagnostics, induction, param_breakdown
+import model as M
 from model import GPT, GPTConfig, KVCache
 
 

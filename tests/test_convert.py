@@ -5,11 +5,12 @@ import sys
 import pytest
 import torch
 
-from tools import convert
-import sample
-import train
-from common import UserError, load_checkpoint, model_errors, save_checkpoint
+from kvgpt.checkpoint import load_checkpoint, save_checkpoint
+from kvgpt.errors import UserError, model_errors
 from model import GPT, GPTConfig
+import sample
+from tools import convert
+import train
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 TRAIN = dict(n_head=4, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1,

@@ -2,6 +2,7 @@
 circle), the standalone model file, and variants defined by their config file alone."""
 import ast
 import glob
+import inspect
 import importlib
 import os
 import re
@@ -10,11 +11,10 @@ import shlex
 import pytest
 
 import bench
-import common
-from lab import variants
-import train
+from kvgpt import config
 from lab import report
 from model import GPTConfig
+import train
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 DOCS = [os.path.join(HERE, 'README.md')] + sorted(glob.glob(os.path.join(HERE, 'docs', '*.md')))
@@ -74,7 +74,7 @@ def test_every_documented_command_names_a_real_script_config_and_flag(path):
                 assert os.path.isfile(os.path.join(HERE, study)), line
             args = [a for a in args if a.startswith('--')]
         module = importlib.import_module(script[:-3].replace('/', '.'))
-        parse = PARSERS.get(script) or (lambda a: common.parse_config(
+        parse = PARSERS.get(script) or (lambda a: config.parse_config(
             module.DEFAULTS, a, types=getattr(module, 'TYPES', None)))
         parse(args)  # a UserError names the unknown key or the bad value
 
@@ -110,19 +110,40 @@ def import_graph():
             for name, path in modules.items()}
 
 
-CORE = ('model', 'train', 'prepare', 'sample', 'common', 'safety', 'record', 'evals.hellaswag')
+CORE = ('model', 'train', 'prepare', 'sample', 'bench', 'evals.hellaswag', 'kvgpt.errors',
+        'kvgpt.config', 'kvgpt.device', 'kvgpt.files', 'kvgpt.checkpoint', 'kvgpt.distributed',
+        'kvgpt.tracking', 'kvgpt.tokenizer', 'kvgpt.data')
 
 
 def test_the_readme_stays_short():
     assert os.path.getsize(os.path.join(HERE, 'README.md')) <= 14 * 1024  # the details: docs/
 
 
-def test_the_root_holds_the_cards_files_and_the_lab_sits_beside_them():
+def test_the_root_holds_the_cards_scripts_and_the_shared_modules_sit_in_kvgpt():
     root = sorted(f for f in os.listdir(HERE) if f.endswith('.py'))
-    assert len(root) <= 10, root
-    assert {'model.py', 'train.py', 'prepare.py', 'sample.py', 'common.py', 'test_model.py'} \
-        <= set(root)
+    assert set(root) == {'model.py', 'train.py', 'prepare.py', 'sample.py', 'bench.py',
+                         'test_model.py', 'conftest.py'}, root
     assert os.path.isdir(os.path.join(HERE, 'lab', 'studies'))
+    # every shared module is named for what it holds, one hop from the scripts
+    assert sorted(f for f in os.listdir(os.path.join(HERE, 'kvgpt')) if f.endswith('.py')) == [
+        '__init__.py', 'checkpoint.py', 'config.py', 'data.py', 'device.py', 'distributed.py',
+        'errors.py', 'files.py', 'tokenizer.py', 'tracking.py']
+
+
+def test_each_job_lives_in_the_module_named_for_it_and_train_py_does_none_of_them_itself():
+    """The process group starts in kvgpt/distributed.py, the checkpoint is written in
+    kvgpt/checkpoint.py, Dataset lives in kvgpt/data.py, the typed keys are parsed in
+    kvgpt/config.py; train.py calls them and does none of these itself."""
+    from kvgpt import checkpoint, config, data, distributed
+    assert 'init_process_group' in inspect.getsource(distributed.setup_distributed)
+    assert 'torch.save' in inspect.getsource(checkpoint.save_checkpoint)
+    assert data.Dataset.__module__ == 'kvgpt.data'
+    assert 'check_value' in inspect.getsource(config.apply_arguments)
+    train_py = open(os.path.join(HERE, 'train.py')).read()
+    for own in ('init_process_group', 'torch.save(', 'np.memmap', 'def parse_config',
+                'def check_value', 'class Dataset'):
+        assert own not in train_py, own
+    assert 'prepare' not in imports_of(os.path.join(HERE, 'train.py'))  # reads bins, never writes
 
 
 def test_the_core_imports_nothing_from_the_lab_and_nothing_imports_in_a_circle():
@@ -167,15 +188,15 @@ def test_a_new_variant_is_one_file_in_config(tmp_path, monkeypatch):
     everywhere."""
     import shutil
     folder = tmp_path / 'config'
-    shutil.copytree(variants.CONFIG_DIR, folder)
-    monkeypatch.setattr(variants, 'CONFIG_DIR', str(folder))
+    shutil.copytree(config.CONFIG_DIR, folder)
+    monkeypatch.setattr(config, 'CONFIG_DIR', str(folder))
     name = 'zz_test_variant'
     (folder / f'{name}.py').write_text("out_dir = 'out-zz'\nquery = 'identity'\n"
                                        "mlp_hidden = 5 * n_embd\n")
     report.known_variants.cache_clear()
     try:
         geometry = dict(GPTConfig().__dict__)
-        assert name in variants.variants(geometry) and name in report.known_variants()
+        assert name in config.variants(geometry) and name in report.known_variants()
         cfg = bench.variant_config(name, dict(bench.DEFAULTS, n_embd=64, n_head=2))
         assert (cfg.query, cfg.mlp_hidden, cfg.n_embd) == ('identity', 320, 64)
         assert bench.main(['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16',
@@ -186,7 +207,7 @@ def test_a_new_variant_is_one_file_in_config(tmp_path, monkeypatch):
     finally:
         report.known_variants.cache_clear()
     monkeypatch.undo()
-    assert name not in variants.variants(geometry)  # the checkout's config/ never held it
+    assert name not in config.variants(geometry)  # the checkout's config/ never held it
 
 
 def test_each_variant_keeps_one_colour_and_the_demo_bases_are_not_variants():

@@ -6,12 +6,12 @@ import sys
 import pytest
 import torch
 
-from tools import export
-import prepare
-import train
-from common import load_checkpoint
-from prepare import get_tokenizer
+from kvgpt.checkpoint import load_checkpoint
+from kvgpt.tokenizer import get_tokenizer
 from model import GPT
+import prepare
+from tools import export
+import train
 
 pytestmark = pytest.mark.gpt2_bpe  # every test exports a model trained on GPT-2 BPE data
 transformers = pytest.importorskip(

@@ -8,10 +8,11 @@ import subprocess
 import pytest
 import torch
 
-import common
-import train
+from kvgpt import files
+from kvgpt.device import PEAK_FLOPS, device_peak_flops, pick_precision
 from lab import bench as lab_bench
 from model import GPT, GPTConfig, KVCache
+import train
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 cuda = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -77,13 +78,13 @@ def test_cuda_resume_reproduces_the_next_losses_and_mfu_is_a_fraction(data_root,
     train.main(args(tmp_path / 'full'))
     train.main(args(tmp_path / 'half', max_iters=6))
     train.main(args(tmp_path / 'half', init_from='resume'))
-    read = lambda d: [e for e in common.read_jsonl(tmp_path / d / 'log.jsonl') if 'loss' in e]
+    read = lambda d: [e for e in files.read_jsonl(tmp_path / d / 'log.jsonl') if 'loss' in e]
     full, half = read('full'), read('half')
     assert [e['iter'] for e in full] == [e['iter'] for e in half]
     for a, b in zip(full, half):
         assert a['loss'] == pytest.approx(b['loss'], rel=1e-3)
     mfus = [e['mfu'] for e in full if e['mfu'] is not None]
-    assert common.device_peak_flops('cuda') is not None, \
+    assert device_peak_flops('cuda') is not None, \
         torch.cuda.get_device_name() + ' is not in PEAK_FLOPS'
     assert mfus and all(0 < m < 1 for m in mfus)
 
@@ -93,16 +94,16 @@ def test_cuda_resume_reproduces_the_next_losses_and_mfu_is_a_fraction(data_root,
 
 def test_every_peak_entry_maps_its_full_device_name(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
-    for name, peak in common.PEAK_FLOPS.items():
+    for name, peak in PEAK_FLOPS.items():
         monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None, name=name: name)
-        assert common.device_peak_flops('cuda') == peak, name
+        assert device_peak_flops('cuda') == peak, name
     expected = {'NVIDIA L40': 181e12, 'NVIDIA L4': 121e12, 'NVIDIA H100 PCIe': 756e12,
                 'NVIDIA H100 NVL': 835e12, 'NVIDIA H100 80GB HBM3': 989e12, 'NVIDIA H200': 989e12,
                 'NVIDIA H200 NVL': 835e12, 'NVIDIA B200': None}
     for name, peak in expected.items():
         monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None, name=name: name)
-        assert common.device_peak_flops('cuda') == peak, name
-    assert common.device_peak_flops('cpu') is None
+        assert device_peak_flops('cuda') == peak, name
+    assert device_peak_flops('cpu') is None
 
 
 @pytest.mark.parametrize('native,expected', [(True, 'bfloat16'), (False, 'float16')])
@@ -112,9 +113,9 @@ def test_precision_asks_for_native_bf16(monkeypatch, native, expected):
         asked.append(including_emulation)
         return native
     monkeypatch.setattr(torch.cuda, 'is_bf16_supported', is_bf16_supported)
-    assert common.pick_precision(None, 'cuda:0') == expected and asked == [False]
-    assert common.pick_precision(None, 'cpu') == 'float32'
-    assert common.pick_precision('float32', 'cuda') == 'float32'
+    assert pick_precision(None, 'cuda:0') == expected and asked == [False]
+    assert pick_precision(None, 'cpu') == 'float32'
+    assert pick_precision('float32', 'cuda') == 'float32'
 
 
 def test_cache_is_one_tensor_per_layer_in_the_autocast_dtype():

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-import prepare
 import train
-from common import UserError, load_checkpoint
+from kvgpt.checkpoint import load_checkpoint
+from kvgpt.errors import UserError
 from evals import hellaswag
 from model import GPT, QUERY_MODES
 from test_export import Runs
 from test_train import argv, read_log
+from kvgpt.tokenizer import get_tokenizer
 
 WORDS = ('the man picks up a brush and paints the fence while the dog watches from the porch '
          'then she [title] Rinse the bowl. [step] Fill it with   warm water and soap').split()
@@ -71,7 +72,7 @@ def test_every_query_mode_and_tokenizer_scores_a_checkpoint(data_root, tmp_path,
     assert json.load(open(os.path.join(out, 'hellaswag.json')))['acc'] == result['acc']
     model = GPT.from_checkpoint(load_checkpoint(os.path.join(out, 'ckpt.pt')), verbose=False)
     items = hellaswag.load(items_path)
-    expected = one_at_a_time(model.eval(), prepare.get_tokenizer(tokenizer), items)
+    expected = one_at_a_time(model.eval(), get_tokenizer(tokenizer), items)
     for got, want, (_, endings, gold) in zip(result['per_item'], expected, items):
         assert np.allclose(got['lls'], want, atol=1e-4) and got['gold'] == gold
         assert got['pred'] == int(np.argmax(want))
@@ -146,7 +147,7 @@ def test_train_scores_hellaswag_at_the_end_and_every_interval(data_root, tmp_pat
     assert [e['iter'] for e in scored] == [0, 10, 20] and 'val_loss_full' in scored[-1]
     model = GPT.from_checkpoint(load_checkpoint(out / 'ckpt.pt'), verbose=False)
     items = hellaswag.load(items_path, limit=6)
-    results = hellaswag.score(model, prepare.get_tokenizer('byte'), items, torch.no_grad(), 'cpu')
+    results = hellaswag.score(model, get_tokenizer('byte'), items, torch.no_grad(), 'cpu')
     assert scored[-1]['hellaswag_acc'] == hellaswag.accuracies(results)['acc']
     assert scored[-1]['hellaswag_acc_norm'] == hellaswag.accuracies(results)['acc_norm']
     out2 = tmp_path / 'end_only'
@@ -159,7 +160,7 @@ def test_ranks_share_the_items_and_their_counts_sum_to_one_process(tmp_path):
     from model import GPTConfig
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=257),
                 verbose=False)
-    tok, items = prepare.get_tokenizer('byte'), hellaswag.load(write_items(tmp_path / 'i.jsonl'))
+    tok, items = get_tokenizer('byte'), hellaswag.load(write_items(tmp_path / 'i.jsonl'))
     one = hellaswag.during_training(model, tok, items, torch.no_grad(), 'cpu', 8, iter,
                                     lambda counts: None)
     shares = [lambda rounds, r=r: rounds[r::2] for r in range(2)]  # two ranks, as Signals.share

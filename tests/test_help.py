@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from kvgpt import config
 
-import common
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 # every script, as it is run: `python train.py`, `python -m lab.study`
@@ -36,7 +36,7 @@ def test_help_lists_every_key_with_its_default_type_and_a_description(name, caps
     types = getattr(script, 'TYPES', {})
     for key, default in script.DEFAULTS.items():
         assert lines[key].startswith(f"  --{key}={default!r} "), key
-        kind = common.kind_of(key, script.DEFAULTS, types).name()
+        kind = config.kind_of(key, script.DEFAULTS, types).name()
         assert 'NoneType' not in kind, f"{name}: --{key} has no declared type"
         assert re.search(rf"  {re.escape(kind)}\s+\S", lines[key]), \
             f"{name}: --{key} lacks its type or description"
@@ -50,7 +50,7 @@ def test_help_lists_every_key_with_its_default_type_and_a_description(name, caps
 def test_train_help_groups_its_keys():
     import model
     import train
-    text = common.help_text(train.DEFAULTS, (train.__file__, model.__file__), train.TYPES)
+    text = config.help_text(train.DEFAULTS, (train.__file__, model.__file__), train.TYPES)
     groups = re.findall(r'^(\w+):$', text, re.M)
     assert groups == ['run', 'data', 'model', 'optimiser', 'schedule', 'system']
 
@@ -80,7 +80,7 @@ print(json.dumps(said))
 @pytest.mark.slow
 def test_help_from_the_command_line_exits_zero():
     """--help on every script's entry point, and -h on train.py's real command line (the same
-    branch of common.parse_config)."""
+    branch of config.parse_config)."""
     r = subprocess.run([sys.executable, '-c', MAINS, *SCRIPTS], cwd=HERE, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

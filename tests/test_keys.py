@@ -1,6 +1,7 @@
 """Every key of train.py, sample.py and prepare.py has a type: a value of the wrong type is one
 line on stderr, exit code 2, no traceback, and nothing written; and a run that fails before it
 starts leaves its out_dir as it found it."""
+import glob
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import sys
 import pytest
 import torch
 
-import common
+from kvgpt import config, errors
 import prepare
 import sample
 import train
@@ -20,7 +21,7 @@ SCRIPTS = {'train': train, 'sample': sample, 'prepare': prepare}
 def wrong_value(key, script):
     """A value of the wrong type for key: a word for a number, a number for a word, a misspelled
     choice, a word that is not a bool."""
-    kind = common.kind_of(key, script.DEFAULTS, getattr(script, 'TYPES', {}))
+    kind = config.kind_of(key, script.DEFAULTS, getattr(script, 'TYPES', {}))
     if kind.choices:
         return kind.choices[0] + 'x'
     if kind.kind == 'device':
@@ -54,7 +55,7 @@ def test_a_bool_takes_true_and_false_in_either_case(value, expected):
 
 def test_none_unsets_only_a_key_that_can_be_unset():
     assert train.settings(['--compile=None'])['compile'] is None
-    with pytest.raises(common.UserError, match="overwrite must be bool, got None"):
+    with pytest.raises(errors.UserError, match="overwrite must be bool, got None"):
         train.settings(['--overwrite=None'])
 
 
@@ -81,7 +82,7 @@ def test_a_device_this_torch_lacks_is_one_line(script, device, message, tmp_path
 
 def test_help_says_what_each_key_takes():
     import model
-    text = common.help_text(train.DEFAULTS, (train.__file__, model.__file__), train.TYPES)
+    text = config.help_text(train.DEFAULTS, (train.__file__, model.__file__), train.TYPES)
     for key, kind in (('compile', 'bool|None'), ('device', 'device|None'),
                       ('attn_scale', 'float|None'),
                       ('mlp_hidden', 'int|None'), ('dtype', 'float32|bfloat16|float16|None')):
@@ -151,3 +152,53 @@ def test_a_wrong_type_on_the_command_line_is_one_line_and_no_traceback(tmp_path,
     assert "did you mean 'byte'" in err  # --tokenizer=bytes: one of byte, gpt2
     code, err = command_line(train, ['--vocab_size=1e3', f'--out_dir={tmp_path}/o'])
     assert code == 2 and err.count('\n') == 1 and 'Traceback' not in err, err  # not an int
+
+
+# -----------------------------------------------------------------------------
+# config files stay right when a later key changes what they derived from
+
+def model_of(argv):
+    import train
+    from model import GPTConfig
+    c = train.settings(argv)
+    return c, GPTConfig(**train.model_args_from(c, {'vocab_size': 256}))
+
+
+def test_the_reduced_model_followed_by_a_smaller_head_trains_at_its_own_halved_scale():
+    from model import GPT
+    c, cfg = model_of(['config/small.py', 'config/reduced.py', '--n_head=2'])
+    assert cfg.head_dim == 64 and cfg.scale == 1 / (2 * 64 ** 0.5)  # not 1/(2 sqrt(32))
+    model = GPT(cfg, verbose=False)
+    assert model.transformer.h[0].attn.scale == 1 / 16
+
+
+def test_a_width_a_file_derives_follows_a_later_n_embd():
+    _, cfg = model_of(['config/baseline_small.py', '--n_embd=384'])
+    assert cfg.n_embd == 384 and cfg.mlp_hidden == 4 * 384  # the MLP its file meant
+    _, cfg = model_of(['config/small.py', 'config/reduced_mlp.py', '--n_embd=256'])
+    assert cfg.mlp_hidden == 4 * 256 + 128  # 4.5 x the width, as the file says
+    c, _ = model_of(['config/small.py', 'config/gpt2_init.py', '--n_embd=256'])
+    assert c['init_std'] == 0.02 * (768 / 256) ** 0.5
+    c, _ = model_of(['config/small.py', 'config/gpt2_init.py'])  # no later key: as before
+    assert c['init_std'] == 0.02 * (768 / 128) ** 0.5
+
+
+def test_a_file_stacked_on_another_is_refused_alone_in_one_line(command_line):
+    import train
+    code, err = command_line(train, ['config/repro.py', '--max_iters=1'])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert 'config/repro.py is stacked on config/small.py: name that file before it' in err
+    code, err = command_line(train, ['config/small.py', 'config/repro_v3.py'])
+    assert code == 2 and 'config/repro_v3.py is stacked on config/repro.py' in err
+    c = train.settings(['config/small.py', 'config/repro.py', 'config/gpt2_init.py',
+                        'config/repro_v3.py'])
+    assert c['dataset'] == 'pysource' and c['n_head'] == 2
+
+
+def test_a_file_that_includes_its_base_is_that_base_named_first():
+    import train
+    alone = train.settings(['config/demo.py'])
+    stacked = train.settings(['config/small.py', 'config/demo.py'])
+    assert alone == stacked and alone['dataset'] == 'pydocs' and alone['query'] == 'identity'
+    for f in glob.glob(os.path.join(HERE, 'config', '*.py')):  # none stacks by a Python import
+        assert 'import' not in open(f).read(), f

@@ -6,9 +6,10 @@ import sys
 import numpy as np
 import pytest
 
+from kvgpt.data import open_dataset
+from kvgpt.errors import UserError
+from kvgpt.tokenizer import get_tokenizer
 import prepare
-from common import UserError
-from prepare import get_tokenizer
 
 DOCS = [f"Document {i}: the quick brown fox, café ünïcode ✓ {'word ' * (i % 7)}<|endoftext|> "
         "stays text." for i in range(40)]
@@ -218,7 +219,7 @@ def test_hub_dataset_with_a_loading_script_says_what_to_do(tmp_path, monkeypatch
 
 
 def test_batches_go_to_whatever_device_is_chosen(data_root):
-    data = prepare.open_dataset(data_root, 'tiny', 32)
+    data = open_dataset(data_root, 'tiny', 32)
     x, y = data.batch('train', data.starts('train', 2, 1), 'meta')  # a device with no CUDA
     assert x.device.type == y.device.type == 'meta' and x.shape == (2, 32)
 
@@ -226,7 +227,7 @@ def test_batches_go_to_whatever_device_is_chosen(data_root):
 def test_the_core_imports_where_fcntl_does_not_exist():
     """Windows has no fcntl: the out_dir lock is filelock's, so nothing in the core needs it."""
     code = ("import sys; sys.modules['fcntl'] = None; "
-            "import train, sample, prepare, safety, record, common, model")
+            "import train, sample, prepare, bench, kvgpt.checkpoint, kvgpt.distributed, model")
     r = subprocess.run([sys.executable, '-W', 'ignore', '-c', code], cwd=HERE,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -259,7 +260,7 @@ def shard_folder(root, sizes=(3000, 2500), val=1500):
 
 def test_llmc_shards_read_as_one_sequence_per_split(tmp_path):
     folder, tokens = shard_folder(tmp_path)
-    data = prepare.open_dataset(str(tmp_path / 'data'), 'fineweb10B', block_size=64)
+    data = open_dataset(str(tmp_path / 'data'), 'fineweb10B', block_size=64)
     assert data.meta['train_tokens'] == 5500 and data.meta['val_tokens'] == 1500
     assert data.meta['tokenizer'] == 'gpt2' and data.meta['vocab_size'] == 50257
     # a window across the boundary of the two train shards reads both, in order
@@ -303,7 +304,7 @@ def test_a_shard_folder_without_val_shards_says_so(tmp_path):
     folder, _ = shard_folder(tmp_path)
     os.remove(folder / 'fineweb_val_000000.bin')
     with pytest.raises(UserError, match="holds .bin shards but none for val"):
-        prepare.open_dataset(str(tmp_path / 'data'), 'fineweb10B', block_size=64)
+        open_dataset(str(tmp_path / 'data'), 'fineweb10B', block_size=64)
 
 
 # -----------------------------------------------------------------------------

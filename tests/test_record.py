@@ -14,12 +14,15 @@ import numpy as np
 import pytest
 import torch
 
-import common
+from kvgpt import checkpoint, distributed, errors
+from kvgpt.checkpoint import load_checkpoint
+from kvgpt.config import run_config_file
+from kvgpt.data import Dataset
+from kvgpt.errors import UserError
+from kvgpt.files import read_jsonl
 import prepare
-import safety
-import train
-from common import UserError, load_checkpoint, read_jsonl
 from test_train import HERE, argv, read_log, run
+import train
 
 RECORD = ('config.json', 'log.jsonl', 'ckpt.pt')
 
@@ -57,7 +60,7 @@ def disk_full_at_write(monkeypatch, nth):
     def save(obj, path, *a, **kw):
         calls.append(path)
         return real(obj, '/dev/full' if len(calls) >= nth else path, *a, **kw)
-    monkeypatch.setattr(common.torch, 'save', save)
+    monkeypatch.setattr(checkpoint.torch, 'save', save)
 
 
 # -----------------------------------------------------------------------------
@@ -212,7 +215,7 @@ def test_token_ids_at_or_above_the_vocabulary_are_one_line(data_copy, tmp_path, 
     assert '--force=True' in line
     # past what opening looks at, the batch that reads it says the same
     meta = json.loads((data_copy / 'tiny' / 'meta.json').read_text())
-    data = prepare.Dataset(str(data_copy / 'tiny'), meta, 32)
+    data = Dataset(str(data_copy / 'tiny'), meta, 32)
     data.batch('train', np.array([100]))
     with pytest.raises(UserError, match='holds token id 300'):
         data.batch('train', np.array([0]))
@@ -293,8 +296,8 @@ def test_a_second_ctrl_c_stops_at_once_and_keeps_the_checkpoint(data_root, tmp_p
 
 def test_the_first_signal_asks_for_a_save_and_a_second_exits_at_once(monkeypatch, capsys):
     exits = []
-    monkeypatch.setattr(safety.os, '_exit', exits.append)
-    signals = safety.Signals(safety.Dist(False, 0, 1, 'cpu'), 'out')
+    monkeypatch.setattr(distributed.os, '_exit', exits.append)
+    signals = distributed.Signals(distributed.Dist(False, 0, 1, 'cpu'), 'out')
     signals.arrived(signal.SIGINT)
     assert signals.number == signal.SIGINT and exits == []
     signals.arrived(signal.SIGINT)
@@ -306,13 +309,13 @@ def test_the_first_signal_asks_for_a_save_and_a_second_exits_at_once(monkeypatch
 
 def test_a_signal_during_the_full_validation_pass_saves_and_exits_128_plus_it(
         data_root, tmp_path, monkeypatch):
-    real = prepare.Dataset.batch
+    real = Dataset.batch
 
     def batch(self, split, starts, device='cpu', length=None):
         if length is not None:  # the full val pass: a signal arrives in its middle
             os.kill(os.getpid(), signal.SIGTERM)
         return real(self, split, starts, device, length)
-    monkeypatch.setattr(prepare.Dataset, 'batch', batch)
+    monkeypatch.setattr(Dataset, 'batch', batch)
     with pytest.raises(SystemExit) as stop:
         run(data_root, tmp_path, max_iters=6, eval_interval=100)
     assert stop.value.code == 128 + signal.SIGTERM
@@ -388,7 +391,7 @@ def test_each_filesystem_failure_says_what_to_do(error, advice, capsys):
     def fails():
         raise error
     with pytest.raises(SystemExit) as stop:
-        common.run_main(fails)
+        errors.run_main(fails)
     assert stop.value.code == 2
     line = one_line(capsys.readouterr().err)
     assert line.startswith(f"error: cannot write /runs/x ({error.strerror}): {advice}")
@@ -405,7 +408,7 @@ def test_the_readme_greedy_example_draws_one_sample():
 
 def fail_config_writes(monkeypatch):
     """config.json cannot be replaced (as under `chattr +i`): every write of it fails."""
-    import record as record_module
+    from kvgpt import tracking as record_module
     real = record_module.write_json
 
     def write_json(path, obj):
@@ -527,11 +530,11 @@ def test_a_read_only_filesystem_at_a_save_is_not_called_a_full_disk(tmp_path, mo
 
     class ReadOnly:  # a read-only mount with room to spare
         f_flag, f_frsize, f_blocks, f_bfree, f_bavail = os.ST_RDONLY, 4096, 2 ** 30, 0, 0
-    monkeypatch.setattr(common.torch, 'save', refuse)
-    monkeypatch.setattr(common.os, 'statvfs', lambda folder: ReadOnly())
+    monkeypatch.setattr(checkpoint.torch, 'save', refuse)
+    monkeypatch.setattr(checkpoint.os, 'statvfs', lambda folder: ReadOnly())
     with pytest.raises(OSError) as failed:
-        common.save_checkpoint({}, str(tmp_path / 'ckpt.pt'))
-    line = common.fs_error(failed.value, str(tmp_path / 'ckpt.pt'))
+        checkpoint.save_checkpoint({}, str(tmp_path / 'ckpt.pt'))
+    line = errors.fs_error(failed.value, str(tmp_path / 'ckpt.pt'))
     assert 'the filesystem is read-only' in line and 'free space' not in line
 
 
@@ -588,6 +591,6 @@ def test_the_w_and_b_run_name_defaults_to_the_out_dir_for_every_variant():
     """A variant file names no W&B run: two runs of config/reduced.py in two out_dirs are two
     W&B runs with two names, not two runs called 'reduced'."""
     for f in os.listdir(os.path.join(HERE, 'config')):
-        made = common.run_config_file(os.path.join(HERE, 'config', f), dict(train.DEFAULTS))
+        made = run_config_file(os.path.join(HERE, 'config', f), dict(train.DEFAULTS))
         assert 'wandb_run_name' not in made, f
     assert 'wandb/' in open(os.path.join(HERE, '.gitignore')).read().split()

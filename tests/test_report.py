@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-import train
-from common import UserError
+from kvgpt.errors import UserError
 from lab import report, stats
+import train
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 PLOTS = 'matplotlib draws the report plots (pip install -r requirements-test.txt)'

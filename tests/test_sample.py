@@ -6,11 +6,11 @@ import sys
 import pytest
 import torch
 
+from kvgpt.errors import UserError
+from model import GPT, GPTConfig, KVCache, sample_next
 import prepare
 import sample
 import train
-from common import UserError
-from model import GPT, GPTConfig, KVCache, sample_next
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 VARIANTS = {

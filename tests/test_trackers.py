@@ -10,10 +10,10 @@ import types
 import numpy as np
 import pytest
 
-import record
-import train
-from common import UserError, load_checkpoint
+from kvgpt import tracking
+from kvgpt.checkpoint import load_checkpoint
 from test_train import argv, losses, read_log
+import train
 
 CLOCK = ('dt_ms', 'tokens_per_s', 'mfu', 'eta_s', 'eval_s')
 
@@ -56,7 +56,7 @@ def test_a_resumed_run_continues_its_wandb_run_with_no_step_twice(data_root, tmp
     assert {i['name'] for i in fake.inits} == {'my_run'}  # the default name: the out_dir's
     assert load_checkpoint(out / 'ckpt.pt')['wandb_run_id'] == 'id0'
     rows = fake.runs['id0'].rows
-    positions = [record.entry_position(e) for e in rows]
+    positions = [tracking.entry_position(e) for e in rows]
     assert positions == sorted(positions) and len({tuple(p) for p in positions}) == len(rows)
     # the run's rows are its record, but for the evaluation at iter 10: W&B keeps the first one,
     # with the full val loss of the run that ended there, which the record's rewrite has not

@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-import prepare
-import record
-import safety
-import train
-import common
-from common import UserError, load_checkpoint
+from kvgpt import distributed, files
+from kvgpt.checkpoint import load_checkpoint
+from kvgpt.data import Dataset, open_dataset
+from kvgpt.errors import UserError
 from model import GPT, GPTConfig
+import train
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
@@ -51,12 +50,12 @@ def losses(log):
 def spy_batches(monkeypatch):
     """The (split, window starts) of every batch the runs in this test read, in order."""
     seen = []
-    real = prepare.Dataset.batch
+    real = Dataset.batch
 
     def batch(self, split, starts, *a):
         seen.append((split, starts.tolist()))
         return real(self, split, starts, *a)
-    monkeypatch.setattr(prepare.Dataset, 'batch', batch)
+    monkeypatch.setattr(Dataset, 'batch', batch)
     return seen
 
 
@@ -426,12 +425,11 @@ class Clock:
 
 def test_eta_is_logged_and_falls_and_warmup_steps_are_not_timed(data_root, tmp_path, capsys,
                                                                 monkeypatch):
-    monkeypatch.setattr(record, 'time', Clock)  # the step times
-    monkeypatch.setattr(train, 'time', Clock)  # the evaluations' seconds they leave out
+    monkeypatch.setattr(train, 'time', Clock)  # the step times, and the evaluations' seconds
     log = [e for e in run(data_root, tmp_path, max_iters=10, eval_interval=5) if 'loss' in e]
-    warm = record.TIMING_WARMUP
+    warm = train.TIMING_WARMUP
     assert [e['dt_ms'] is None for e in log] == [True] * warm + [False] * (10 - warm)
-    etas = [e['eta_s'] for e in log[record.TIMING_WARMUP:]]
+    etas = [e['eta_s'] for e in log[train.TIMING_WARMUP:]]
     assert etas[0] > 0 and etas[-1] == 0 and etas[-1] < etas[len(etas) // 2] < etas[0] * 2
     assert ' eta 0m00s' in capsys.readouterr().out
     resumed = [e for e in run(data_root, tmp_path, init_from='resume', max_iters=14)
@@ -594,7 +592,7 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_costs_nothing(data_root, t
     """torchrun --max-restarts reruns the same command after a worker is SIGKILLed;
     init_from='auto' resumes from the last checkpoint and the run ends bit-identical to an
     uninterrupted one. One restart is all it may take: the restarted round must reconnect at once
-    (safety.restart_store)."""
+    (distributed.restart_store)."""
     env = dict(os.environ, OMP_NUM_THREADS='1')
     settings = dict(dropout=0.0, max_iters=120, lr_decay_iters=120, eval_interval=40,
                     probe=None, init_from='auto', log_interval=10)
@@ -705,7 +703,7 @@ def kill_one_node_and_finish(data_root, out, env):
 def test_a_killed_worker_on_one_node_is_restarted_and_costs_nothing(data_root, tmp_path,
                                                                     fresh_store, one_thread):
     """With torchrun's shared store (the default) the ranks count their rounds in it
-    (safety.restart_store); with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 each round has a fresh
+    (distributed.restart_store); with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 each round has a fresh
     one."""
     env = {k: v for k, v in ONE_THREAD.items() if k != 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE'}
     if fresh_store:
@@ -730,12 +728,12 @@ def test_each_torchrun_restart_gets_keys_of_its_own(monkeypatch, capsys):
     monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '2')
     monkeypatch.setenv('TORCHELASTIC_MAX_RESTARTS', '3')
     monkeypatch.setenv('RANK', '0')
-    safety.restart_store(2).set('rank_0', 'addr')
+    distributed.restart_store(2).set('rank_0', 'addr')
     assert server.get('kvgpt/restart_2/rank_0') == b'addr' and not server.check(['rank_0'])
     # across nodes the agents' restart counts can differ: the ranks count their rounds in the store
     monkeypatch.setenv('GROUP_WORLD_SIZE', '2')
     # two rounds of world 2, whatever the counts say
-    rounds = [safety.restart_store(2) for _ in range(4)]
+    rounds = [distributed.restart_store(2) for _ in range(4)]
     for i, store in enumerate(rounds):
         store.set(f'rank_{i % 2}', f'round {i // 2}')
     assert [server.get(f'kvgpt/restart_{r}/rank_{i}') for r in (0, 1) for i in (0, 1)] == [
@@ -743,7 +741,7 @@ def test_each_torchrun_restart_gets_keys_of_its_own(monkeypatch, capsys):
     assert capsys.readouterr().out == ''  # nothing to warn about
     # a fresh store per restart already
     monkeypatch.setenv('TORCHELASTIC_USE_AGENT_STORE', 'False')
-    assert safety.restart_store(2) is None
+    assert distributed.restart_store(2) is None
 
 
 def test_an_old_config_with_query_identity_means_query_identity(tmp_path):
@@ -797,7 +795,7 @@ def test_every_log_step_has_the_gradient_norm_and_every_evaluation_its_probes(da
 
 def test_the_induction_probe_repeats_random_tokens_never_the_end_of_document(data_root):
     from lab.probes import INDUCTION_KEY, repeated_tokens
-    data = prepare.open_dataset(data_root, 'tiny', 32)
+    data = open_dataset(data_root, 'tiny', 32)
     x = repeated_tokens(data, 4, 1337, INDUCTION_KEY)
     assert x.shape == (4, 32) and torch.equal(x[:, :16], x[:, 16:])
     path = os.path.join(data_root, 'tiny', 'train.bin')
@@ -832,8 +830,8 @@ def test_full_val_loss_is_every_val_token_once(data_root, tmp_path):
                 f'--out_dir={out}', '--max_iters=2', '--n_layer=1', '--block_size=32',
                 '--batch_size=4',
                 '--eval_interval=2', '--eval_iters=1'])
-    final = [e for e in common.read_jsonl(out / 'log.jsonl') if 'val_loss' in e][-1]
-    model = GPT.from_checkpoint(common.load_checkpoint(str(out / 'ckpt.pt')), verbose=False).eval()
+    final = [e for e in files.read_jsonl(out / 'log.jsonl') if 'val_loss' in e][-1]
+    model = GPT.from_checkpoint(load_checkpoint(str(out / 'ckpt.pt')), verbose=False).eval()
     val = np.fromfile(os.path.join(data_root, 'tiny', 'val.bin'), dtype=np.uint16)
     tokens = torch.from_numpy(val.astype(np.int64))
     total = 0.0
@@ -846,6 +844,6 @@ def test_full_val_loss_is_every_val_token_once(data_root, tmp_path):
                                                        reduction='sum').item()
     assert final['val_loss_full'] == pytest.approx(total / (len(tokens) - 1), rel=1e-6)
     assert all('val_loss_full' not in e
-               for e in common.read_jsonl(out / 'log.jsonl') if e['iter'] < 2)
+               for e in files.read_jsonl(out / 'log.jsonl') if e['iter'] < 2)
     saved = json.loads((out / 'config.json').read_text())
     assert saved['params'] == model.get_num_params() and saved['model_args']['n_layer'] == 1

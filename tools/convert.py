@@ -31,10 +31,12 @@ from dataclasses import asdict
 
 import torch
 
-from common import UserError, model_from_checkpoint, parse_config, run_main, save_checkpoint
+from kvgpt.checkpoint import model_from_checkpoint, save_checkpoint
+from kvgpt.config import Kind, parse_config
+from kvgpt.data import open_dataset
+from kvgpt.errors import UserError, run_main
 from lab.probes import param_breakdown
 from model import GPT, GPTConfig
-from prepare import open_dataset
 
 DEFAULTS = dict(
     in_dir='out',  # the standard checkpoint to convert (in_dir/ckpt.pt)
@@ -221,8 +223,11 @@ def print_conversion(r, cfg, out_dir):
     print(f"wrote {out_dir}/ckpt.pt")
 
 
+TYPES = dict(out_dir=Kind(str))  # what --help shows for a key whose default is None
+
+
 def main(argv=None):
-    return convert(parse_config(DEFAULTS, argv, show=True))
+    return convert(parse_config(DEFAULTS, argv, show=True, types=TYPES))
 
 
 if __name__ == '__main__':

@@ -18,7 +18,9 @@ import shutil
 
 import torch
 
-from common import UserError, model_from_checkpoint, parse_config, run_main
+from kvgpt.checkpoint import model_from_checkpoint
+from kvgpt.config import Kind, parse_config
+from kvgpt.errors import UserError, run_main
 
 DEFAULTS = dict(
     in_dir='out',  # the run to export (in_dir/ckpt.pt)
@@ -166,8 +168,11 @@ def export(c):
     return dict(out_dir=out_dir, max_logit_diff=diff)
 
 
+TYPES = dict(out_dir=Kind(str))  # what --help shows for a key whose default is None
+
+
 def main(argv=None):
-    return export(parse_config(DEFAULTS, argv, show=True))
+    return export(parse_config(DEFAULTS, argv, show=True, types=TYPES))
 
 
 if __name__ == '__main__':

@@ -1,22 +1,24 @@
 """
-What keeps a run safe, apart from what it trains: the process group (with torchrun's elastic
-restarts), one run per out_dir and no run started over another by accident, the signals that
-stop a run, and the ranks' agreement on stopping, on failures and on their RNG states. Nothing
-here knows about models; train.py calls it in a few lines.
+A run over several processes (torchrun), and what keeps them in step: the process group (with
+torchrun's elastic restarts), each process's share of a step, the ranks' agreement on failures and
+on stopping, each rank's RNG state, and the signals (SIGTERM, Ctrl-C) that stop a run.
 """
+
 import gc
 import os
 import signal
-import socket
 import sys
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-from filelock import FileLock, Timeout
 
-from common import UserError, fs_error, load_checkpoint, pick_device
+from kvgpt.device import pick_device
+from kvgpt.errors import UserError
 
+
+# -----------------------------------------------------------------------------
+# the process group
 
 class Dist(NamedTuple):
     ddp: bool  # under torchrun
@@ -87,6 +89,9 @@ def restart_store(world):
     return dist.PrefixStore(f"kvgpt/restart_{generation}", store)
 
 
+# -----------------------------------------------------------------------------
+# the ranks agree
+
 def check_finite(d, nonfinite, iter_num, out_dir):
     """The ranks agree that no loss since the last check was non-finite, or all stop with it."""
     if any_rank(d, nonfinite):
@@ -107,73 +112,6 @@ def any_rank(d, flag):
     return t.item() > 0
 
 
-class OutDirLock:
-    """One run per out_dir: an exclusive lock on out_dir/.lock (filelock: flock on POSIX, msvcrt
-    on Windows), which the OS releases when the process ends however it ends, so a crash never
-    leaves a stale lock. Held for the run; out_dir/.owner names its holder. A run that never
-    started (never wrote its record) takes away what it made: those files, and the out_dir
-    itself when it made that too."""
-
-    def __init__(self, out_dir):
-        self.dir, self.made_dir = out_dir, not os.path.isdir(out_dir)
-        self.path, self.owner = os.path.join(out_dir, '.lock'), os.path.join(out_dir, '.owner')
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-            self.made_file = not os.path.exists(self.path)
-            self.lock = FileLock(self.path, timeout=0)
-            self.lock.acquire()
-        except Timeout:
-            holder = read_text(self.owner) or 'another process'
-            raise UserError(f"{out_dir} is in use by {holder}: wait for that run, stop it, or "
-                            "choose another --out_dir") from None
-        except OSError as e:
-            raise UserError(f"{fs_error(e, out_dir)} (the run's --out_dir)") from None
-        try:
-            with open(self.owner, 'w') as f:
-                f.write(f"train.py (pid {os.getpid()} on {socket.gethostname()})")
-        except OSError as e:
-            self.lock.release()
-            raise UserError(f"{fs_error(e, out_dir)} (the run's --out_dir)") from None
-
-    def release(self, started):
-        self.lock.release()
-        if not started and self.made_file:
-            for path in (self.path, self.owner):
-                if os.path.exists(path):
-                    os.remove(path)
-            if self.made_dir and not os.listdir(self.dir):
-                os.rmdir(self.dir)
-
-
-def read_text(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ''
-
-
-def resolve_init(c, master):
-    """init_from with 'auto' resolved. A run that would start from scratch over an existing
-    checkpoint is refused, so repeating a command never silently replaces a run."""
-    path = os.path.join(c['out_dir'], 'ckpt.pt')
-    exists = os.path.exists(path)
-    if c['init_from'] == 'auto':
-        if master:
-            print("init_from=auto: " + (f"resuming from {path}" if exists else
-                                        f"no checkpoint in {c['out_dir']}, starting from scratch"))
-        return 'resume' if exists else 'scratch'
-    if c['init_from'] == 'scratch' and exists and not c['overwrite']:
-        try:
-            step = f" at iter {load_checkpoint(path, mmap=True)['iter_num']}"
-        except (UserError, KeyError):
-            step = " (unreadable)"
-        raise UserError(f"{c['out_dir']} already holds a checkpoint{step}: --init_from=resume "
-                        "continues it, --overwrite=True starts over (its log and checkpoints are "
-                        "replaced)")
-    return c['init_from']
-
-
 def rng_states(d):
     """Every rank's torch (and cuda) RNG state, as tensors: loads under weights_only=True."""
     state = {'torch': torch.get_rng_state()}
@@ -192,6 +130,9 @@ def set_rng_state(d, states):
         if 'cuda' in states[d.rank] and d.device.startswith('cuda'):
             torch.cuda.set_rng_state(states[d.rank]['cuda'], d.device)
 
+
+# -----------------------------------------------------------------------------
+# signals: the first saves and stops, a second stops at once
 
 class Interrupted(Exception):
     """A signal arrived during an evaluation: it is left unfinished, and the run saves."""

@@ -1,15 +1,18 @@
 """
-What a run writes about itself: its record (config.json and log.jsonl, which always describe
-the checkpoint on disk), the trackers that mirror it (W&B, TensorBoard), the probes that add to its
-evaluations' lines (the probe setting), and the step times it logs.
+What a run writes about itself: its record (config.json and log.jsonl, which always describe the
+checkpoint on disk) and the trackers that mirror it (W&B, TensorBoard), each continuing across a
+resume.
 """
-import importlib
+
 import json
 import os
-import time
 
-from common import UserError, atomic_write, fs_error, read_jsonl, write_json, write_text
+from kvgpt.errors import UserError, fs_error
+from kvgpt.files import atomic_write, read_jsonl, write_json, write_text
 
+
+# -----------------------------------------------------------------------------
+# the record: config.json and log.jsonl
 
 def kept_lines(path, resume_iter):
     """The lines of the log at path that a run resuming at resume_iter keeps: every one before its
@@ -189,52 +192,3 @@ def wandb_run_id(record):
     """The W&B run id to keep in the checkpoint, or None."""
     ids = [t.run_id for t in (record.trackers if record else []) if isinstance(t, WandbTracker)]
     return ids[0] if ids else None
-
-
-TIMING_WARMUP = 2  # steps after each (re)start left out of step times (compilation, caches)
-
-
-class StepTimer:
-    """Seconds per step since the last log line, leaving out the TIMING_WARMUP steps after each
-    (re)start and every evaluation."""
-
-    def __init__(self, start_iter):
-        self.start_iter, self.mark = start_iter, None
-
-    def tick(self, iter_num):
-        if iter_num - self.start_iter == TIMING_WARMUP:
-            self.mark = (iter_num, time.time())
-
-    def pause(self, seconds):
-        if self.mark is not None:
-            self.mark = (self.mark[0], self.mark[1] + seconds)
-
-    def step_time(self, iter_num):
-        if self.mark is None or self.mark[0] == iter_num:
-            return None
-        now = time.time()
-        dt, self.mark = (now - self.mark[1]) / (iter_num - self.mark[0]), (iter_num, now)
-        return dt
-
-
-def format_eta(seconds):
-    m = int(seconds // 60)
-    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{int(seconds % 60):02d}s"
-
-
-def load_probe(c, data, dev):
-    """The probe setting's hook, run at each evaluation on the model in eval mode, under the
-    run's autocast: its dict joins the log line."""
-    try:
-        probe = importlib.import_module(c['probe']).probe(data, c, dev.device)
-    except ImportError as e:
-        raise UserError(f"probe={c['probe']!r} cannot be imported ({e}): run from the repository "
-                        "root, or set --probe=None") from None
-
-    def run(model):
-        model.eval()
-        with dev.ctx:
-            values = probe(model)
-        model.train()
-        return values
-    return run

@@ -1,0 +1,69 @@
+"""
+Failures a user can fix, and how every script reports them: one line on stderr, exit code 2, no
+traceback (KVGPT_DEBUG=1 shows it); a filesystem failure names the path and what to do.
+"""
+
+import errno
+import os
+import sys
+from contextlib import contextmanager
+
+
+class UserError(Exception):
+    """A failure the user can fix: printed as one line, no traceback, exit code 2."""
+
+
+@contextmanager
+def model_errors(source=None):
+    """model.py imports nothing from this project (copy it anywhere), so it raises ValueError,
+    TypeError or ImportError with a clear message; around a call into it, this makes them the
+    one-line error."""
+    try:
+        yield
+    except (ValueError, TypeError, ImportError) as e:
+        raise UserError(f"{source}: {e}" if source else str(e)) from None
+
+
+ELSEWHERE = "free space, or choose a folder on another disk"
+
+
+PERMISSIONS = "fix its permissions, or choose a folder you can write"
+
+
+IN_THE_WAY = "a file is in the way where a folder should be: move it, or choose another folder"
+
+
+FS_ADVICE = {  # what to do about a filesystem failure, by its errno
+    errno.ENOSPC: f"the disk is full: {ELSEWHERE}",
+    errno.EDQUOT: f"the disk quota is used up: {ELSEWHERE}",
+    errno.EROFS: "the filesystem is read-only: choose a writable folder",
+    errno.EACCES: f"permission denied: {PERMISSIONS}",
+    errno.EPERM: f"not permitted: {PERMISSIONS}",
+    errno.EEXIST: IN_THE_WAY, errno.ENOTDIR: IN_THE_WAY,
+    errno.EIO: "the write failed: check the disk's free space and health",
+}
+
+
+def fs_error(e, path=None):
+    """The one line for an OSError at the filesystem boundary: the path, what went wrong and what
+    to do about it."""
+    advice = FS_ADVICE.get(e.errno, "check the path and the disk")
+    return f"cannot write {path or e.filename or 'a file'} ({e.strerror or e}): {advice}"
+
+
+def run_main(main):
+    """Run a script's main(): a user error, or a filesystem failure no caller explained more
+    closely, is one line on stderr and exit code 2 (KVGPT_DEBUG=1 shows the traceback instead)."""
+    try:
+        main()
+    except BrokenPipeError:  # `python sample.py ... | head`: the reader has gone, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush works
+        sys.exit(141)
+    except (UserError, OSError) as e:
+        if os.environ.get('KVGPT_DEBUG') == '1':
+            raise
+        print(f"error: {e if isinstance(e, UserError) else fs_error(e)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,61 @@
+"""
+Files that are never half-written: each is written to a temporary name, then renamed over the old
+one; and the JSON and JSON-lines files a run and a dataset keep.
+"""
+
+import json
+import os
+import pathlib
+
+from kvgpt.errors import UserError
+
+
+def atomic_write(path, write, before_replace=None):
+    """write(tmp_path) produces the file; it appears at path only once complete. before_replace:
+    called once the new file is whole and before it replaces the old one; if it raises, the old
+    file stays (a checkpoint's record is written there, so it never lags the checkpoint)."""
+    tmp = f"{path}.tmp"
+    try:
+        write(tmp)
+        with open(tmp, 'rb+') as f:
+            os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path, text):
+    atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(text))
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=2) + '\n')
+
+
+def read_json(path, what):
+    try:
+        return json.loads(pathlib.Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{what} not found at {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{what} at {path} is not valid JSON ({e}); delete it and regenerate it"
+                        ) from None
+
+
+def read_jsonl(path):
+    """The entries of a JSON-lines log, without a last line cut short by a crash (or ending in
+    bytes that are not text); a damaged line before the last is one line of error."""
+    lines = pathlib.Path(path).read_bytes().splitlines()
+    entries = []
+    for n, line in enumerate(lines, 1):
+        try:
+            entries.append(json.loads(line.decode('utf-8')))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if n < len(lines):
+                raise UserError(f"{path} is damaged at line {n} of {len(lines)} "
+                                f"({type(e).__name__}): repair or remove that line, then run "
+                                "again") from None
+    return entries
