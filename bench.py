@@ -9,7 +9,7 @@ The variants' steps alternate, so drift of a shared machine hits all of them ali
 medians are reported. On a GPU, MFU is against the device's bf16 peak; on a CPU, achieved FLOP/s
 is compared with this machine's own measured matmul throughput. Each variant also prints one
 JSON line (prefixed "json:"). The lab's benchmarks (decoding, preparing, runs per hour,
-attention kernels) are `python -m lab.bench`.
+attention kernels) are `python -m lab.costs`.
 """
 import json
 import os

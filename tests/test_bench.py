@@ -7,7 +7,7 @@ import torch
 import bench
 from kvgpt import config as kv_config
 from kvgpt.errors import UserError
-from lab import bench as lab_bench
+from lab import costs
 from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
@@ -34,7 +34,7 @@ def test_bench_train_reports_every_variant(capsys):
 
 
 def test_bench_sample_compares_cache_with_recomputation(capsys):
-    r = lab_bench.main(TINY + ['--mode=sample', '--variants=reduced', '--max_new_tokens=30',
+    r = costs.main(TINY + ['--mode=sample', '--variants=reduced', '--max_new_tokens=30',
                                '--prompt_tokens=4'])
     assert r['same_tokens'] and r['new_tokens'] == 30 and r['speedup'] > 0
     assert 'speedup' in capsys.readouterr().out
@@ -47,7 +47,7 @@ def test_bench_prepare_counts_every_token(monkeypatch):
     # standard library
     docs = tuple(prepare.pydocs_topics() * 4)[:300]
     monkeypatch.setattr(prepare, 'pydocs_documents', lambda: docs)
-    r = lab_bench.main(['--mode=prepare', '--tokenizer=byte', '--num_proc=2', '--repeat=2'])
+    r = costs.main(['--mode=prepare', '--tokenizer=byte', '--num_proc=2', '--repeat=2'])
     assert r['documents'] == 600 and r['tokens'] == 2 * sum(len(d.encode()) + 1 for d in docs)
     assert r['prepare_tokens_per_s'] > 0 and 0 < r['fraction_of_ideal']
 
@@ -56,13 +56,13 @@ def test_bench_rejects_unknown_variant_and_mode():
     with pytest.raises(UserError, match="unknown variant 'tiny'"):
         bench.main(TINY + ['--variants=tiny'])
     with pytest.raises(UserError, match='mode must be'):
-        lab_bench.main(TINY + ['--mode=fly'])
+        costs.main(TINY + ['--mode=fly'])
     with pytest.raises(UserError, match='unknown config key .mode.'):  # the trainer's bench: one
         bench.main(TINY + ['--mode=sample'])
 
 
 def test_bench_diagnostics_overhead_is_a_fraction():
-    r = lab_bench.main(TINY + ['--mode=diagnostics', '--steps=2', '--warmup=1',
+    r = costs.main(TINY + ['--mode=diagnostics', '--steps=2', '--warmup=1',
                                '--eval_interval=10'])
     assert r['step_ms'] > 0 and r['diagnostics_ms'] > 0 and r['eval_interval'] == 10
     expected = r['diagnostics_ms'] / (r['diagnostics_ms'] + 10 * r['step_ms'])
@@ -84,7 +84,7 @@ def test_every_variant_follows_the_geometry_it_is_measured_at():
 
 
 def test_bench_attention_times_every_kernel_in_both_dtypes():
-    results = lab_bench.main(['--mode=attention', '--n_head=2', '--n_embd=32', '--block_size=16',
+    results = costs.main(['--mode=attention', '--n_head=2', '--n_embd=32', '--block_size=16',
                               '--batch_size=2', '--steps=2', '--warmup=1', '--device=cpu'])
     kernels = ('sdpa', 'sdpa_math', 'matmul', 'sdpa_flash')
     assert [(r['dtype'], r['kernel']) for r in results] == [
@@ -96,7 +96,7 @@ def test_the_attention_kernels_compute_one_function():
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 2, 9, 8, dtype=torch.float64) for _ in range(3))
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    outs = [lab_bench.attention_by(kernel, q, k, v, sdpa_kernel)
+    outs = [costs.attention_by(kernel, q, k, v, sdpa_kernel)
             for kernel in (None, SDPBackend.MATH, 'matmul')]
     for out in outs[1:]:
         torch.testing.assert_close(out, outs[0], rtol=1e-10, atol=1e-10)
@@ -111,7 +111,7 @@ def test_bench_runs_times_a_studys_own_command_per_dtype_and_layout(data_root, m
             '--eval_iters=1', '--probe=None']
     monkeypatch.setattr(plan, 'train_args', lambda *a, **kw: real(*a, **kw) + tiny)
     # two concurrent jobs, as the runner starts them
-    results = lab_bench.main(['--mode=runs', '--run_steps=10', f'--data_root={data_root}',
+    results = costs.main(['--mode=runs', '--run_steps=10', f'--data_root={data_root}',
                               '--layouts=2x1', '--dtypes=bfloat16'])
     assert [(r['dtype'], r['jobs'], r['threads']) for r in results] == [('bfloat16', 2, 1)]
     for r in results:

@@ -10,7 +10,7 @@ import torch
 
 from kvgpt import files
 from kvgpt.device import PEAK_FLOPS, device_peak_flops, pick_precision
-from lab import bench as lab_bench
+from lab import costs
 from model import GPT, GPTConfig, KVCache
 import train
 
@@ -41,7 +41,7 @@ def test_cuda_bf16_cached_decoding_matches_recomputation(query):
     assert torch.equal(cached, model.generate(prompt, 40, temperature=0.0, use_cache=False))
     # teacher-forced, so both paths see the same tokens: bf16 logits agree to 5e-2 (stated
     # tolerance)
-    assert lab_bench.cache_logit_diff(model, cached) < 5e-2
+    assert costs.cache_logit_diff(model, cached) < 5e-2
 
 
 @pytest.mark.cuda
@@ -145,7 +145,7 @@ def test_bench_sample_warms_up_both_paths_before_timing(monkeypatch):
         calls.append((n, kw.get('use_cache', True)))
         return real(self, idx, n, **kw)
     monkeypatch.setattr(GPT, 'generate', generate)
-    r = lab_bench.main(['--mode=sample', '--n_layer=1', '--n_head=2', '--n_embd=32',
+    r = costs.main(['--mode=sample', '--n_layer=1', '--n_head=2', '--n_embd=32',
                         '--block_size=32', '--vocab_size=64', '--max_new_tokens=12',
                         '--prompt_tokens=4', '--device=cpu'])
     assert calls == [(4, True), (4, False), (12, True), (12, False)]

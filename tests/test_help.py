@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 # evals.hellaswag before train, which imports it: runpy warns when a module it runs as __main__
 # is already imported in the same process (MAINS below runs them all in one)
 SCRIPTS = ('evals.hellaswag', 'train', 'sample', 'prepare', 'bench', 'lab.report', 'lab.study',
-           'lab.bench', 'tools.convert', 'tools.export')
+           'lab.costs', 'tools.convert', 'tools.export')
 
 
 def command(name):

@@ -37,6 +37,6 @@ run torchrun --standalone --nproc_per_node=1 train.py config/reduced.py --datase
     --max_iters=$STEPS --eval_interval=$((STEPS / 2)) --eval_iters=5 --log_interval=5 --keep_checkpoints="()" \
     --init_from=resume
 # 4. KV-cache decoding against recomputing the context
-run python -m lab.bench --mode=sample --variants=reduced $SAMPLE --json_out="$OUT/bench_sample.jsonl"
-run python -m lab.bench --mode=summary --json_out="$OUT" --run_dir="$R"
+run python -m lab.costs --mode=sample --variants=reduced $SAMPLE --json_out="$OUT/bench_sample.jsonl"
+run python -m lab.costs --mode=summary --json_out="$OUT" --run_dir="$R"
 echo "wrote $OUT/results.md and $OUT/results.json"

@@ -1,13 +1,14 @@
 """
-The lab's benchmarks, beside the trainer's (bench.py: training steps side by side):
+What the rest costs, beside the trainer's steps (bench.py): sampling, preparing data, the
+probes, attention kernels, a study's runs per hour, and the GPU check's summary:
 
-    python -m lab.bench --mode=sample --variants=reduced  # KV cache vs recomputing, 500 tokens
-    python -m lab.bench --mode=prepare --tokenizer=gpt2   # prepare.py vs the tokenizer alone
-    python -m lab.bench --mode=runs       # a study's runs per hour: dtypes, jobs x threads
-    python -m lab.bench --mode=attention --n_head=2 --n_embd=128 --block_size=128 --batch_size=16
-    python -m lab.bench --mode=diagnostics --variants=reduced --n_layer=4 --n_embd=128 \\
+    python -m lab.costs --mode=sample --variants=reduced  # KV cache vs recomputing, 500 tokens
+    python -m lab.costs --mode=prepare --tokenizer=gpt2   # prepare.py vs the tokenizer alone
+    python -m lab.costs --mode=runs       # a study's runs per hour: dtypes, jobs x threads
+    python -m lab.costs --mode=attention --n_head=2 --n_embd=128 --block_size=128 --batch_size=16
+    python -m lab.costs --mode=diagnostics --variants=reduced --n_layer=4 --n_embd=128 \\
         --block_size=128 --vocab_size=320 --batch_size=32   # the probes against a step
-    python -m lab.bench --mode=summary --json_out=gpu-check --run_dir=gpu-check/run  # GPU check
+    python -m lab.costs --mode=summary --json_out=gpu-check --run_dir=gpu-check/run  # GPU check
 
 Each prints its figures and one JSON line per result (prefixed "json:").
 """
