@@ -218,9 +218,9 @@ def format_eta(seconds):
 
 @dataclass
 class Run:  # what the loop reads and changes, made by setup() below
-    c: dict  # the settings
-    d: distributed.Dist  # this process's place in the world
-    dev: object  # kvgpt.device.DeviceSetup: device, dtype, autocast
+    settings: dict  # every key of DEFAULTS, as config files and --key=value made them
+    process: distributed.Dist  # this process's place in the world: rank, world size, device
+    device: object  # kvgpt.device.DeviceSetup: the device, its dtype and autocast
     data: Dataset
     model: GPT  # the raw model: checkpoints, evaluation, probes
     step_model: torch.nn.Module  # the same, compiled and/or wrapped for DDP: the training steps
@@ -232,144 +232,151 @@ class Run:  # what the loop reads and changes, made by setup() below
     hellaswag: object = None  # scores the hellaswag setting's items (evals/hellaswag.py)
     iter_num: int = 0
     best_val_loss: float = math.inf
+    finished: bool = False  # the loop ended without an error (at max_iters, or by a signal)
 
 
-def train_loop(r):
+def train_loop(run):
     """nanoGPT's loop: evaluate and save, the micro-steps, clip and step, log, stop."""
-    c, d, start_iter = r.c, r.d, r.iter_num
-    accum = d.per_process(c['gradient_accumulation_steps'])  # this process's micro-steps
+    c, process, start_iter = run.settings, run.process, run.iter_num
+    accum = process.per_process(c['gradient_accumulation_steps'])  # this process's micro-steps
     # the step's loss and gradient norm stay on the device, read only at log steps
-    loss_sum = torch.zeros((), device=d.device)
-    nonfinite = torch.zeros((), dtype=torch.bool, device=d.device)
-    grad_norm = torch.zeros((), device=d.device)
+    loss_sum = torch.zeros((), device=process.device)
+    nonfinite = torch.zeros((), dtype=torch.bool, device=process.device)
+    grad_norm = torch.zeros((), device=process.device)
     timer = StepTimer(start_iter)
     while True:
-        last = r.iter_num >= c['max_iters'] or c['eval_only']
-        if r.iter_num % c['eval_interval'] == 0 or last:
-            distributed.check_finite(d, nonfinite, r.iter_num, c['out_dir'])
+        last = run.iter_num >= c['max_iters'] or c['eval_only']
+        if run.iter_num % c['eval_interval'] == 0 or last:
+            distributed.check_finite(process, nonfinite, run.iter_num, c['out_dir'])
+            t0 = time.time()
             try:
-                timer.pause(evaluate(r, trained=r.iter_num > start_iter))
+                losses = evaluate(run)
             except distributed.Interrupted:  # the state is the last step's, whole: save, stop
-                return stop(r, nonfinite)
+                return stop(run, nonfinite)
+            improved = losses['val'] < run.best_val_loss
+            run.best_val_loss = min(run.best_val_loss, losses['val'])
+            # a checkpoint only of steps this process trained: a resume's first evaluation
+            # saves nothing, and eval_only never does
+            trained = run.iter_num > start_iter and not c['eval_only']
+            if trained and (improved or c['always_save_checkpoint']):
+                save(run, 'eval')
+            timer.pause(time.time() - t0)  # step times leave out evaluations and their saves
         if last:
             return
-        lr = get_lr(r.iter_num, c)
-        for group in r.optimizer.param_groups:
+        lr = get_lr(run.iter_num, c)
+        for group in run.optimizer.param_groups:
             group['lr'] = lr
         # forward and backward over this process's share of the step's global batch
         loss_sum.zero_()
-        starts = step_starts(r.data, c, r.iter_num)  # once a step, each micro-batch a slice
+        starts = step_starts(run.data, c, run.iter_num)  # once a step, each micro-batch a slice
         for micro in range(accum):
-            x, y = get_batch(r.data, c, starts, d.rank * accum + micro, d.device)
+            x, y = get_batch(run.data, c, starts, process.rank * accum + micro, process.device)
             # DDP averages over ranks; dividing by the local accumulation makes the global mean
-            with r.step_model.no_sync() if d.ddp and micro < accum - 1 else nullcontext():
-                with r.dev.ctx:
-                    _, loss = r.step_model(x, y)
-                r.scaler.scale(loss / accum).backward()
+            with run.step_model.no_sync() if process.ddp and micro < accum - 1 else nullcontext():
+                with run.device.ctx:
+                    _, loss = run.step_model(x, y)
+                run.scaler.scale(loss / accum).backward()
             loss = loss.detach()
             nonfinite |= ~torch.isfinite(loss)
             loss_sum += loss.float()
-        log_now = (r.iter_num + 1) % c['log_interval'] == 0
+        log_now = (run.iter_num + 1) % c['log_interval'] == 0
         if c['grad_clip'] > 0:
-            r.scaler.unscale_(r.optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), c['grad_clip'])
+            run.scaler.unscale_(run.optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), c['grad_clip'])
         elif log_now:  # the gradient norm is logged even without clipping
-            r.scaler.unscale_(r.optimizer)
+            run.scaler.unscale_(run.optimizer)
             grad_norm = torch.nn.utils.get_total_norm(
-                [p.grad for p in r.model.parameters() if p.grad is not None])
-        r.scaler.step(r.optimizer)
-        r.scaler.update()
-        r.optimizer.zero_grad(set_to_none=True)
-        r.iter_num += 1
-        timer.tick(r.iter_num)
-        if r.iter_num in c['keep_checkpoints']:
-            distributed.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
-            save(r, 'kept', f'ckpt_{r.iter_num}.pt')
+                [p.grad for p in run.model.parameters() if p.grad is not None])
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.iter_num += 1
+        timer.tick(run.iter_num)
+        if run.iter_num in c['keep_checkpoints']:
+            distributed.check_finite(run.process, nonfinite, run.iter_num, run.settings['out_dir'])
+            save(run, 'kept', f'ckpt_{run.iter_num}.pt')
         if log_now:
-            distributed.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
-            log_step(r, loss_sum / accum, grad_norm, lr, timer.step_time(r.iter_num))
-        if r.signals.requested(r.iter_num, c['log_interval']):
-            return stop(r, nonfinite)
+            distributed.check_finite(run.process, nonfinite, run.iter_num, run.settings['out_dir'])
+            log_step(run, loss_sum / accum, grad_norm, lr, timer.step_time(run.iter_num))
+        if run.signals.requested(run.iter_num, c['log_interval']):
+            return stop(run, nonfinite)
 
 
-def stop(r, nonfinite):
-    distributed.check_finite(r.d, nonfinite, r.iter_num, r.c['out_dir'])
-    save(r, 'signal')
-    if r.d.master:
-        print(f"stopped by a signal at iter {r.iter_num} ({r.signals.describe()}); continue with "
-              "--init_from=resume (or auto)", flush=True)
+def stop(run, nonfinite):
+    distributed.check_finite(run.process, nonfinite, run.iter_num, run.settings['out_dir'])
+    save(run, 'signal')
+    if run.process.master:
+        print(f"stopped by a signal at iter {run.iter_num} ({run.signals.describe()}); "
+              "continue with --init_from=resume (or auto)", flush=True)
 
 
-def log_step(r, step_loss, grad_norm, lr, dt):
-    c, tokens = r.c, tokens_per_iter(r.c)
-    if r.d.ddp:  # the mean over the global batch, the same number at any world size
+def log_step(run, step_loss, grad_norm, lr, dt):
+    c, tokens = run.settings, tokens_per_iter(run.settings)
+    if run.process.ddp:  # the mean over the global batch, the same number at any world size
         dist.all_reduce(step_loss)
-        step_loss /= r.d.world
+        step_loss /= run.process.world
     loss, grad_norm = step_loss.item(), float(grad_norm)
-    peak = device_peak_flops(r.d.device)
-    mfu = dt and r.model.estimate_mfu(tokens // r.d.world, dt, peak, c['block_size'])
-    eta = dt and dt * (c['max_iters'] - r.iter_num)
-    if not r.d.master:
+    peak = device_peak_flops(run.process.device)
+    mfu = dt and run.model.estimate_mfu(tokens // run.process.world, dt, peak, c['block_size'])
+    eta = dt and dt * (c['max_iters'] - run.iter_num)
+    if not run.process.master:
         return
     timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
-    print(f"iter {r.iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}{timing}"
+    print(f"iter {run.iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}{timing}"
           + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
-    r.record.log(iter=r.iter_num, tokens=r.iter_num * tokens, lr=lr, loss=loss,
-                 grad_norm=grad_norm, dt_ms=dt and dt * 1000, tokens_per_s=dt and tokens / dt,
-                 mfu=mfu, eta_s=eta)
+    run.record.log(iter=run.iter_num, tokens=run.iter_num * tokens, lr=lr, loss=loss,
+                   grad_norm=grad_norm, dt_ms=dt and dt * 1000, tokens_per_s=dt and tokens / dt,
+                   mfu=mfu, eta_s=eta)
 
 
 # -----------------------------------------------------------------------------
 # evaluation
 
-def evaluate(r, trained):
+def evaluate(run):
     """The losses on both splits (and at the end the full val loss, the number verdicts use),
-    the probes, the log line, then a checkpoint; the seconds it took."""
-    c, t0, n, losses = r.c, time.time(), r.c['batch_size'], {}
+    the probes and HellaSwag, logged; returns {'train': loss, 'val': loss}."""
+    c, t0, n, losses = run.settings, time.time(), run.settings['batch_size'], {}
     for k, split in enumerate(('train', 'val')):  # windows drawn once: the same at every step
-        starts = r.data.starts(split, c['eval_iters'] * n, c['data_seed'], EVAL_KEY + k)
-        losses[split] = mean_loss(r, r.step_model, split, [
+        starts = run.data.starts(split, c['eval_iters'] * n, c['data_seed'], EVAL_KEY + k)
+        losses[split] = mean_loss(run, run.step_model, split, [
             (starts[i * n:(i + 1) * n], None) for i in range(c['eval_iters'])])
-    entry = dict(iter=r.iter_num, tokens=r.iter_num * tokens_per_iter(c),
+    entry = dict(iter=run.iter_num, tokens=run.iter_num * tokens_per_iter(c),
                  train_loss=losses['train'], val_loss=losses['val'])
-    if r.iter_num >= c['max_iters'] or c['eval_only']:  # every val token once, in order
-        entry['val_loss_full'] = mean_loss(r, r.model, 'val', r.data.tiling('val', n), True)
+    if run.iter_num >= c['max_iters'] or c['eval_only']:  # every val token once, in order
+        entry['val_loss_full'] = mean_loss(run, run.model, 'val', run.data.tiling('val', n), True)
     interval = c['hellaswag_interval']
-    if r.hellaswag and ('val_loss_full' in entry or interval and r.iter_num % interval == 0):
-        entry.update(r.hellaswag(r.model, r.signals.share))  # the ranks share the items
-    if r.probe is not None:
-        entry.update(r.probe(r.model))
+    if run.hellaswag and ('val_loss_full' in entry or interval and run.iter_num % interval == 0):
+        entry.update(run.hellaswag(run.model, run.signals.share))  # the ranks share the items
+    if run.probe is not None:
+        entry.update(run.probe(run.model))
     entry['eval_s'] = time.time() - t0
-    if r.d.master:
+    if run.process.master:
         full = entry.get('val_loss_full')
-        print(f"iter {r.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        print(f"iter {run.iter_num}: train loss {losses['train']:.4f}, "
+              f"val loss {losses['val']:.4f}"
               + (f", full val loss {full:.4f}" if full is not None else '')
               + ''.join(f", {k} {entry[k]:.4f}" for k in ('hellaswag_acc', 'hellaswag_acc_norm')
                         if k in entry))
-        r.record.log(**entry)
-    distributed.check_finite(r.d, not math.isfinite(losses['val']), r.iter_num, c['out_dir'])
-    improved = losses['val'] < r.best_val_loss
-    r.best_val_loss = min(r.best_val_loss, losses['val'])
-    # a checkpoint only of steps this process trained: a resume's first evaluation saves nothing
-    if trained and not c['eval_only'] and (improved or c['always_save_checkpoint']):
-        save(r, 'eval')
-    return time.time() - t0
+        run.record.log(**entry)
+    distributed.check_finite(run.process, not math.isfinite(losses['val']), run.iter_num,
+                             c['out_dir'])
+    return losses
 
 
 @torch.no_grad()
-def mean_loss(r, model, split, batches, per_token=False):
+def mean_loss(run, model, split, batches, per_token=False):
     """The mean loss over batches, (window starts, length) each: of the batches' losses, or with
     per_token of every target. The ranks split the batches; a signal stops it within one."""
-    total = torch.zeros(2, dtype=torch.float64, device=r.d.device)
+    total = torch.zeros(2, dtype=torch.float64, device=run.process.device)
     model.eval()
-    for starts, length in (batches[i] for i in r.signals.share(range(len(batches)))):
-        x, y = r.data.batch(split, starts, r.d.device, length)
-        with r.dev.ctx:
+    for starts, length in (batches[i] for i in run.signals.share(range(len(batches)))):
+        x, y = run.data.batch(split, starts, run.process.device, length)
+        with run.device.ctx:
             _, loss = model(x, y)
         weight = torch.tensor(float(y.numel()) if per_token else 1.0, device=total.device)
         total += torch.stack([loss.double() * weight, weight.double()])
     model.train()
-    if r.d.ddp:
+    if run.process.ddp:
         dist.all_reduce(total)
     return (total[0] / total[1]).item()
 
@@ -383,74 +390,75 @@ def load_probe(c, data, dev):
         raise UserError(f"probe={c['probe']!r} cannot be imported ({e}): run from the repository "
                         "root, or set --probe=None") from None
 
-    def run(model):
+    def hook(model):
         model.eval()
         with dev.ctx:
             values = probe(model)
         model.train()
         return values
-    return run
+    return hook
 
 
 # -----------------------------------------------------------------------------
 # checkpoints: save and restore
 
-def save(r, reason, name='ckpt.pt'):
+def save(run, reason, name='ckpt.pt'):
     """Write a checkpoint atomically from rank 0, never from non-finite weights. The ranks agree on
     failure first, so a save that fails on rank 0 ends every rank with its message, not a hang.
     Once ckpt.pt is written, the run's record may describe it."""
-    states = distributed.rng_states(r.d)  # a collective: every rank takes part
-    path, error = os.path.join(r.c['out_dir'], name), None
-    if r.d.master and not all(bool(torch.isfinite(p).all()) for p in r.model.parameters()):
-        error = f"parameters are non-finite at iter {r.iter_num}; not saving, {path} is untouched"
-    elif r.d.master:
+    states = distributed.rng_states(run.process)  # a collective: every rank takes part
+    path, error, master = os.path.join(run.settings['out_dir'], name), None, run.process.master
+    if master and not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
+        error = f"parameters are non-finite at iter {run.iter_num}; not saving: {path} stays"
+    elif master:
         # the record is written before the new ckpt.pt replaces the old one: if it fails, both stay
-        record = r.record.commit if name == 'ckpt.pt' else None
+        record = run.record.commit if name == 'ckpt.pt' else None
         try:
             save_checkpoint(dict(
-                model=r.model.state_dict(), optimizer=r.optimizer.state_dict(),
-                model_args=asdict(r.model.config), iter_num=r.iter_num,
-                best_val_loss=r.best_val_loss, config=r.c, meta=r.data.meta, rng=states,
-                tokens_seen=r.iter_num * tokens_per_iter(r.c),
-                wandb_run_id=wandb_run_id(r.record),  # a resume continues the same W&B run
-                scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None), path, record)
+                model=run.model.state_dict(), optimizer=run.optimizer.state_dict(),
+                model_args=asdict(run.model.config), iter_num=run.iter_num,
+                best_val_loss=run.best_val_loss, config=run.settings, meta=run.data.meta,
+                rng=states,
+                tokens_seen=run.iter_num * tokens_per_iter(run.settings),
+                wandb_run_id=wandb_run_id(run.record),  # a resume continues the same W&B run
+                scaler=run.scaler.state_dict() if run.scaler.is_enabled() else None), path, record)
         except OSError as e:
             error = f"{fs_error(e, path)}; the previous checkpoint there is untouched"
         except UserError as e:  # the record: the checkpoint and the record are as they were
             error = f"{e}; {path} and the run's record are as they were"
-    if distributed.any_rank(r.d, error is not None):
-        raise UserError(error or f"rank 0 could not save {path} at iter {r.iter_num} "
+    if distributed.any_rank(run.process, error is not None):
+        raise UserError(error or f"rank 0 could not save {path} at iter {run.iter_num} "
                                  "(see its error)")
-    if r.d.master:
-        print(f"saved {path} at iter {r.iter_num} ({reason})")
+    if run.process.master:
+        print(f"saved {path} at iter {run.iter_num} ({reason})")
 
 
-def restore(r, ckpt):
+def restore(run, ckpt):
     if 'optimizer' in ckpt:
-        load_optimizer_state(r.optimizer, r.model, ckpt['optimizer'],
-                             os.path.join(r.c['out_dir'], 'ckpt.pt'))
-    elif r.d.master:
+        load_optimizer_state(run.optimizer, run.model, ckpt['optimizer'],
+                             os.path.join(run.settings['out_dir'], 'ckpt.pt'))
+    elif run.process.master:
         print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a "
               "fresh AdamW")
     if ckpt.get('scaler'):
-        r.scaler.load_state_dict(ckpt['scaler'])
-    r.iter_num, r.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
-    distributed.set_rng_state(r.d, ckpt.get('rng', []))
+        run.scaler.load_state_dict(ckpt['scaler'])
+    run.iter_num, run.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
+    distributed.set_rng_state(run.process, ckpt.get('rng', []))
 
 
 # -----------------------------------------------------------------------------
 # the script
 
-def setup(c, d, signals):
+def setup(c, process, signals):
     """The run: data, model (from scratch, a checkpoint or GPT-2), optimizer, record."""
-    d.per_process(c['gradient_accumulation_steps'])  # the global batch: the same at any world size
-    dev = setup_device(d.device, c['dtype'], c['compile'])
-    torch.manual_seed(c['seed'] + d.rank)
-    data = open_or_prepare(c['data_root'], c['dataset'], c['block_size'], d.master,
-                                   dist.barrier if d.ddp else None)
-    if d.master:
+    process.per_process(c['gradient_accumulation_steps'])  # the same global batch at any world
+    dev = setup_device(process.device, c['dtype'], c['compile'])
+    torch.manual_seed(c['seed'] + process.rank)
+    data = open_or_prepare(c['data_root'], c['dataset'], c['block_size'], process.master,
+                           dist.barrier if process.ddp else None)
+    if process.master:
         print_overrides(c, DEFAULTS)
-    model, ckpt = build_model(c, data.meta, d.master)
+    model, ckpt = build_model(c, data.meta, process.master)
     config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
     if ckpt is not None:  # the checkpoint's model wins over a resume's model settings: record it
         config.update({k: v for k, v in ckpt['model_args'].items() if c.get(k) is not None})
@@ -459,56 +467,58 @@ def setup(c, d, signals):
     optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'],
                                            (c['beta1'], c['beta2']), dev.type)
     step_model = torch.compile(model) if dev.compile else model
-    if d.ddp:
+    if process.ddp:
         ids = [torch.device(dev.device).index] if dev.type == 'cuda' else None
         step_model = DDP(step_model, device_ids=ids)
-    r = Run(c, d, dev, data, model, step_model, optimizer, scaler, signals)
-    r.hellaswag = c['hellaswag'] and hellaswag.scorer(c, data.meta['tokenizer'], dev, d.ddp)
+    run = Run(c, process, dev, data, model, step_model, optimizer, scaler, signals)
+    run.hellaswag = c['hellaswag'] and hellaswag.scorer(c, data.meta['tokenizer'], dev,
+                                                        process.ddp)
     if ckpt is not None:
-        restore(r, ckpt)
-    if d.master:  # eval_only writes no config.json or log.jsonl: those are the training run's
-        r.record = Record(c['out_dir'], None if c['eval_only'] else config, r.iter_num,
-                          open_trackers(c, r.iter_num, ckpt and ckpt.get('wandb_run_id')))
-        r.probe = c['probe'] and load_probe(c, data, dev)
+        restore(run, ckpt)
+    if process.master:  # eval_only writes no config.json or log.jsonl: the training run's
+        run.record = Record(c['out_dir'], None if c['eval_only'] else config, run.iter_num,
+                            open_trackers(c, run.iter_num, ckpt and ckpt.get('wandb_run_id')))
+        run.probe = c['probe'] and load_probe(c, data, dev)
         print(f"tokens per iteration: {tokens_per_iter(c):,} ({c['gradient_accumulation_steps']}"
-              f" x {c['batch_size']} x {c['block_size']}, {d.world} process(es)); starting at "
-              f"iter {r.iter_num}")
-    return r
+              f" x {c['batch_size']} x {c['block_size']}, {process.world} process(es)); starting "
+              f"at iter {run.iter_num}")
+    return run
 
 
 def train(c):
     """One run, from the settings to its last checkpoint: returns the Run."""
-    d = distributed.setup_distributed(c['device'], c['backend'])
-    lock = checkpoint.OutDirLock(c['out_dir']) if d.master else None
-    r, t0 = None, time.time()
+    process = distributed.setup_distributed(c['device'], c['backend'])
+    lock = checkpoint.OutDirLock(c['out_dir']) if process.master else None
+    run, t0 = None, time.time()
     try:
-        with distributed.Signals(d, c['out_dir']) as signals:
+        with distributed.Signals(process, c['out_dir']) as signals:
             # after the lock: the checkpoint cannot change under it
-            c = dict(c, init_from=checkpoint.resolve_init(c, d.master))
-            r = setup(c, d, signals)
-            train_loop(r)
-        if d.master and not c['eval_only'] and signals.stopped is None:
+            c = dict(c, init_from=checkpoint.resolve_init(c, process.master))
+            run = setup(c, process, signals)
+            train_loop(run)
+        if process.master and not c['eval_only'] and signals.stopped is None:
             # what this run added with no checkpoint after it (always_save_checkpoint=False, or
             # a final evaluation cut short before): a finished run resumed leaves its record be
-            if r.iter_num > r.record.resume_iter or not r.record.holds_final(r.iter_num):
-                r.record.commit()
-            print(f"finished at iter {r.iter_num} in {format_eta(time.time() - t0)}; sample "
+            if run.iter_num > run.record.resume_iter or not run.record.holds_final(run.iter_num):
+                run.record.commit()
+            print(f"finished at iter {run.iter_num} in {format_eta(time.time() - t0)}; sample "
                   f"from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}")
-        r.step_model = None  # the DDP wrapper goes while the process group lives
-        return r
+        run.finished = True
+        run.step_model = None  # the DDP wrapper goes while the process group lives
+        return run
     finally:
-        if r is not None and r.record is not None:
-            r.record.close()  # the trackers' last writes
-        distributed.close(d, finished=r is not None and r.step_model is None)
+        if run is not None and run.record is not None:
+            run.record.close()  # the trackers' last writes
+        distributed.close(process, finished=run is not None and run.finished)
         if lock is not None:
-            lock.release(started=r is not None and r.record is not None and r.record.started)
+            lock.release(started=run is not None and run.record is not None and run.record.started)
 
 
 def main(argv=None):
-    r = train(settings(argv))
-    if r.signals.stopped is not None:  # stopped early, on every rank: not taken as finished
-        sys.exit(128 + r.signals.stopped[1])
-    return r
+    run = train(settings(argv))
+    if run.signals.stopped is not None:  # stopped early, on every rank: not taken as finished
+        sys.exit(128 + run.signals.stopped[1])
+    return run
 
 
 if __name__ == '__main__':
