@@ -594,3 +594,35 @@ def test_the_w_and_b_run_name_defaults_to_the_out_dir_for_every_variant():
         made = run_config_file(os.path.join(HERE, 'config', f), dict(train.DEFAULTS))
         assert 'wandb_run_name' not in made, f
     assert 'wandb/' in open(os.path.join(HERE, '.gitignore')).read().split()
+
+
+def test_a_log_line_that_cannot_be_appended_names_the_file(data_root, tmp_path, monkeypatch,
+                                                           command_line):
+    from kvgpt import tracking
+    real = open
+
+    def full(path, mode='r', *a, **kw):
+        if str(path).endswith('log.jsonl') and mode == 'a':
+            raise OSError(28, 'No space left on device')  # a full disk's write names no file
+        return real(path, mode, *a, **kw)
+    monkeypatch.setattr(tracking, 'open', full, raising=False)
+    code, err = command_line(train, argv(data_root, tmp_path, max_iters=10))
+    line = one_line(err)
+    assert code == 2 and f"cannot write {tmp_path}/log.jsonl (No space left" in line
+    assert 'the disk is full' in line
+
+
+def test_the_bpe_advice_names_tokenizer_as_prepare_pys_key_only(monkeypatch):
+    """sample.py has no --tokenizer: the advice says whose key it is."""
+    import tiktoken
+    from kvgpt import tokenizer
+
+    def offline(name):
+        raise ConnectionError('no network')
+    monkeypatch.setattr(tiktoken, 'get_encoding', offline)
+    tokenizer.get_tokenizer.cache_clear()
+    try:
+        with pytest.raises(UserError, match=r"\(prepare.py: or --tokenizer=byte\)$"):
+            tokenizer.get_tokenizer('gpt2')
+    finally:
+        tokenizer.get_tokenizer.cache_clear()

@@ -291,13 +291,9 @@ def test_resume_survives_a_log_line_cut_short(data_root, tmp_path):
     assert [e['iter'] for e in log][-4:] == [10, 11, 12, 12]
 
 
-@pytest.mark.xdist_group('torchrun')
-@pytest.mark.long
-@pytest.mark.slow
-def test_sigterm_under_torchrun_saves_once_for_all_ranks(data_root, tmp_path):
-    """torchrun forwards SIGTERM to every worker; the ranks agree on one step and rank 0 saves."""
+def start_two_ranks(data_root, out):
+    """A long two-process run under torchrun, once it has logged a few steps."""
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    out = tmp_path / 'ddp'
     proc = subprocess.Popen([*TORCHRUN, '--standalone', '--nproc_per_node=2',
                              'train.py', *argv(data_root, out, max_iters=100000,
                                                lr_decay_iters=1000, eval_interval=1000,
@@ -305,6 +301,16 @@ def test_sigterm_under_torchrun_saves_once_for_all_ranks(data_root, tmp_path):
                             cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     wait_for_lines(out / 'log.jsonl', 5)
+    return proc
+
+
+@pytest.mark.xdist_group('torchrun')
+@pytest.mark.long
+@pytest.mark.slow
+def test_sigterm_under_torchrun_saves_once_for_all_ranks(data_root, tmp_path):
+    """torchrun forwards SIGTERM to every worker; the ranks agree on one step and rank 0 saves."""
+    out = tmp_path / 'ddp'
+    proc = start_two_ranks(data_root, out)
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=90)
     assert stdout.count('stopped by a signal') == 1 and stdout.count('(signal)') == 1
@@ -335,15 +341,8 @@ def worker_pid(launcher_pid, rank):
 def test_sigterm_to_one_worker_stops_every_rank_and_says_which_got_it(data_root, tmp_path):
     """A scheduler that signals one worker: every rank saves and stops, none reports finishing,
     rank 0 names the signal's rank, and the workers exit 128 + the signal."""
-    env = dict(os.environ, OMP_NUM_THREADS='1')
     out = tmp_path / 'ddp'
-    proc = subprocess.Popen([*TORCHRUN, '--standalone', '--nproc_per_node=2',
-                             'train.py', *argv(data_root, out, max_iters=100000,
-                                               lr_decay_iters=1000, eval_interval=1000,
-                                               dropout=0.0)],
-                            cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    wait_for_lines(out / 'log.jsonl', 5)
+    proc = start_two_ranks(data_root, out)
     os.kill(worker_pid(proc.pid, 1), signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=90)
     assert '(SIGTERM on rank 1); continue with' in stdout, stdout[-2000:]
