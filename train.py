@@ -220,7 +220,7 @@ def format_eta(seconds):
 class Run:  # what the loop reads and changes, made by setup() below
     settings: dict  # every key of DEFAULTS, as config files and --key=value made them
     process: distributed.Dist  # this process's place in the world: rank, world size, device
-    device: object  # kvgpt.device.DeviceSetup: the device, its dtype and autocast
+    device_setup: object  # kvgpt.device.DeviceSetup: the device, its dtype, autocast, compile
     data: Dataset
     model: GPT  # the raw model: checkpoints, evaluation, probes
     step_model: torch.nn.Module  # the same, compiled and/or wrapped for DDP: the training steps
@@ -238,7 +238,7 @@ class Run:  # what the loop reads and changes, made by setup() below
 def train_loop(run):
     """nanoGPT's loop: evaluate and save, the micro-steps, clip and step, log, stop."""
     c, process, start_iter = run.settings, run.process, run.iter_num
-    accum = process.per_process(c['gradient_accumulation_steps'])  # this process's micro-steps
+    accum = process.micro_steps(c['gradient_accumulation_steps'])  # this process's share
     # the step's loss and gradient norm stay on the device, read only at log steps
     loss_sum = torch.zeros((), device=process.device)
     nonfinite = torch.zeros((), dtype=torch.bool, device=process.device)
@@ -273,7 +273,7 @@ def train_loop(run):
             x, y = get_batch(run.data, c, starts, process.rank * accum + micro, process.device)
             # DDP averages over ranks; dividing by the local accumulation makes the global mean
             with run.step_model.no_sync() if process.ddp and micro < accum - 1 else nullcontext():
-                with run.device.ctx:
+                with run.device_setup.ctx:
                     _, loss = run.step_model(x, y)
                 run.scaler.scale(loss / accum).backward()
             loss = loss.detach()
@@ -293,10 +293,10 @@ def train_loop(run):
         run.iter_num += 1
         timer.tick(run.iter_num)
         if run.iter_num in c['keep_checkpoints']:
-            distributed.check_finite(run.process, nonfinite, run.iter_num, run.settings['out_dir'])
+            distributed.check_finite(process, nonfinite, run.iter_num, c['out_dir'])
             save(run, 'kept', f'ckpt_{run.iter_num}.pt')
         if log_now:
-            distributed.check_finite(run.process, nonfinite, run.iter_num, run.settings['out_dir'])
+            distributed.check_finite(process, nonfinite, run.iter_num, c['out_dir'])
             log_step(run, loss_sum / accum, grad_norm, lr, timer.step_time(run.iter_num))
         if run.signals.requested(run.iter_num, c['log_interval']):
             return stop(run, nonfinite)
@@ -371,7 +371,7 @@ def mean_loss(run, model, split, batches, per_token=False):
     model.eval()
     for starts, length in (batches[i] for i in run.signals.share(range(len(batches)))):
         x, y = run.data.batch(split, starts, run.process.device, length)
-        with run.device.ctx:
+        with run.device_setup.ctx:
             _, loss = model(x, y)
         weight = torch.tensor(float(y.numel()) if per_token else 1.0, device=total.device)
         total += torch.stack([loss.double() * weight, weight.double()])
@@ -451,7 +451,7 @@ def restore(run, ckpt):
 
 def setup(c, process, signals):
     """The run: data, model (from scratch, a checkpoint or GPT-2), optimizer, record."""
-    process.per_process(c['gradient_accumulation_steps'])  # the same global batch at any world
+    process.micro_steps(c['gradient_accumulation_steps'])  # the same global batch at any world
     dev = setup_device(process.device, c['dtype'], c['compile'])
     torch.manual_seed(c['seed'] + process.rank)
     data = open_or_prepare(c['data_root'], c['dataset'], c['block_size'], process.master,

@@ -30,14 +30,14 @@ class Dist(NamedTuple):
     def master(self):  # rank 0 logs, checkpoints and probes
         return self.rank == 0
 
-    def per_process(self, micro_steps):
+    def micro_steps(self, total):
         """This process's share of a step's micro-batches: the global batch is the same at every
         world size, so the count must divide by it."""
-        if micro_steps % self.world:
-            raise UserError(f"gradient_accumulation_steps {micro_steps} is not divisible by the "
+        if total % self.world:
+            raise UserError(f"gradient_accumulation_steps {total} is not divisible by the "
                             f"world size {self.world}: the global batch must be the same at "
                             "every world size")
-        return micro_steps // self.world
+        return total // self.world
 
 
 def setup_distributed(device, backend=None):
@@ -58,11 +58,11 @@ def setup_distributed(device, backend=None):
     return Dist(True, rank, world, device)
 
 
-def close(d, finished):
+def close(process, finished):
     """The process group's end. After a finished run, first free what still holds gloo work
     (the DDP wrapper's reducer, dropped by the caller) and let rank 0 finish writing: either torn
     down late aborts the process (SIGABRT) at exit."""
-    if not d.ddp:
+    if not process.ddp:
         return
     if finished:
         gc.collect()
@@ -92,43 +92,43 @@ def restart_store(world):
 # -----------------------------------------------------------------------------
 # the ranks agree
 
-def check_finite(d, nonfinite, iter_num, out_dir):
+def check_finite(process, nonfinite, iter_num, out_dir):
     """The ranks agree that no loss since the last check was non-finite, or all stop with it."""
-    if any_rank(d, nonfinite):
+    if any_rank(process, nonfinite):
         raise UserError(f"the loss became non-finite by iter {iter_num}; the last good "
                         f"checkpoint in {out_dir} is untouched: lower learning_rate, "
                         "use dtype=bfloat16, or resume from it")
 
 
-def any_rank(d, flag):
+def any_rank(process, flag):
     """True when flag (a bool or a device tensor) is set on any rank: every rank takes the same
     branch, so none is left waiting in a collective the others never reach. Outside DDP, no
     sync for a Python bool."""
-    if not d.ddp:
+    if not process.ddp:
         return bool(flag)
     t = flag.float().reshape(1) if torch.is_tensor(flag) else \
-        torch.tensor([float(flag)], device=d.device)
+        torch.tensor([float(flag)], device=process.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item() > 0
 
 
-def rng_states(d):
+def rng_states(process):
     """Every rank's torch (and cuda) RNG state, as tensors: loads under weights_only=True."""
     state = {'torch': torch.get_rng_state()}
-    if d.device.startswith('cuda'):
-        state['cuda'] = torch.cuda.get_rng_state(d.device)
-    if not d.ddp:
+    if process.device.startswith('cuda'):
+        state['cuda'] = torch.cuda.get_rng_state(process.device)
+    if not process.ddp:
         return [state]
-    gathered = [None] * d.world
+    gathered = [None] * process.world
     dist.all_gather_object(gathered, {k: v.cpu() for k, v in state.items()})
     return gathered
 
 
-def set_rng_state(d, states):
-    if d.rank < len(states):
-        torch.set_rng_state(states[d.rank]['torch'])
-        if 'cuda' in states[d.rank] and d.device.startswith('cuda'):
-            torch.cuda.set_rng_state(states[d.rank]['cuda'], d.device)
+def set_rng_state(process, states):
+    if process.rank < len(states):
+        torch.set_rng_state(states[process.rank]['torch'])
+        if 'cuda' in states[process.rank] and process.device.startswith('cuda'):
+            torch.cuda.set_rng_state(states[process.rank]['cuda'], process.device)
 
 
 # -----------------------------------------------------------------------------
@@ -144,8 +144,8 @@ class Signals:
     the checkpoint on disk stays whole, since every write of one is a rename. `number` is the
     first signal's, None until one arrives."""
 
-    def __init__(self, d, out_dir):
-        self.d, self.out_dir, self.number, self.previous = d, out_dir, None, {}
+    def __init__(self, process, out_dir):
+        self.process, self.out_dir, self.number, self.previous = process, out_dir, None, {}
         self.agreed_stop = None  # (rank, signal number) once the ranks agreed to stop
 
     def __enter__(self):
@@ -164,25 +164,25 @@ class Signals:
                   f"{self.out_dir} is kept", file=sys.stderr, flush=True)
             return os._exit(128 + number)
         self.number = number
-        where = f" on rank {self.d.rank}" if self.d.ddp else ""
+        where = f" on rank {self.process.rank}" if self.process.ddp else ""
         print(f"{name}{where}: saving a checkpoint and stopping (a second one stops at once)",
               file=sys.stderr, flush=True)
 
     def requested(self, step, log_interval):
         """A signal arrived on any rank. Under DDP that is one all-reduce, so it is asked only at
         log steps: still well inside torchrun's grace period, and no per-step host sync."""
-        if self.d.ddp and step % log_interval:
+        if self.process.ddp and step % log_interval:
             return False
         return self.agree() is not None
 
     def agree(self):
         """(rank, signal number) of the lowest rank a signal arrived on, the same on every rank,
         or None: under DDP one all-reduce of each rank's signal number."""
-        if not self.d.ddp:
+        if not self.process.ddp:
             found = [(0, self.number)] if self.number is not None else []
         else:
-            numbers = torch.zeros(self.d.world, device=self.d.device)
-            numbers[self.d.rank] = self.number or 0
+            numbers = torch.zeros(self.process.world, device=self.process.device)
+            numbers[self.process.rank] = self.number or 0
             dist.all_reduce(numbers)
             found = [(rank, int(n)) for rank, n in enumerate(numbers.tolist()) if n]
         self.agreed_stop = found[0] if found else None
@@ -191,21 +191,21 @@ class Signals:
     @property
     def stopped(self):
         """(rank, signal number) when the run stopped for a signal on any rank, else None."""
-        if self.agreed_stop is None and self.number is not None and not self.d.ddp:
+        if self.agreed_stop is None and self.number is not None and not self.process.ddp:
             return (0, self.number)
         return self.agreed_stop
 
     def describe(self):
         """The stop's signal, and under DDP the rank it arrived on: 'SIGTERM on rank 1'."""
         rank, number = self.stopped
-        return signal.Signals(number).name + (f" on rank {rank}" if self.d.ddp else "")
+        return signal.Signals(number).name + (f" on rank {rank}" if self.process.ddp else "")
 
     def share(self, items):
         """This rank's items (every world-th, from its rank), asking before each round whether a
         signal arrived on any rank: an evaluation stops within one batch of it (every rank asks
         equally often, so none waits in a collective the others skip)."""
-        for first in range(0, len(items), self.d.world):
+        for first in range(0, len(items), self.process.world):
             if self.agree() is not None:
                 raise Interrupted
-            if first + self.d.rank < len(items):
-                yield items[first + self.d.rank]
+            if first + self.process.rank < len(items):
+                yield items[first + self.process.rank]

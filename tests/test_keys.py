@@ -65,7 +65,7 @@ def test_compile_false_never_compiles(monkeypatch, data_root, tmp_path):
                     '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32',
                     '--batch_size=2', '--gradient_accumulation_steps=1', '--max_iters=2',
                     '--eval_interval=2', '--eval_iters=1', '--device=cpu', '--compile=false'])
-    assert r.device.compile is False and r.settings['compile'] is False
+    assert r.device_setup.compile is False and r.settings['compile'] is False
 
 
 @pytest.mark.parametrize('script', [train, sample])
