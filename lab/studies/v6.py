@@ -81,6 +81,7 @@ PAIRS = [
     dict(label="recipe 4×", arm='reduced_anneal4x', ref=B4, seeds=TEST[:8]),  # v4's recipe
     dict(label="recipe 1×", arm='reduced_anneal', ref='baseline_anneal', seeds=TEST)]
 PAIRS_16X = [dict(label='16×', arm=I16, ref=B16, seeds=TEST_16X), *PAIRS[:2]]
+PAIRS_QUERY = [dict(label='query 4×', arm=Q4, ref=B4, seeds=TEST), PAIRS[0]]  # k beside f
 THRESHOLDS = (0.05, 0.03, 0.1)  # the onset, then the sensitivity checks
 STEPS = (100, 200, 400, 600, 800, 1200, 1600, 2400, 3600, 4800)
 tables = dict(
@@ -95,6 +96,8 @@ tables = dict(
                   one_level=True),
     v6_family=dict(kind='decisions', comparisons=[J, K], family=FAMILY, margin=0.5,
                    beside=BESIDE, one_level=True),
+    v6_onsets_query=dict(kind='onsets', pairs=PAIRS_QUERY[:1], thresholds=THRESHOLDS),
+    v6_gap_steps_query=dict(kind='gap_steps', pairs=PAIRS_QUERY, steps=STEPS),
     v6_onsets_16x=dict(kind='onsets', pairs=PAIRS_16X[:1], thresholds=THRESHOLDS),
     v6_gap_steps_16x=dict(kind='gap_steps', pairs=PAIRS_16X,
                           steps=STEPS + (7200, 9600, 14400, 19200)),
