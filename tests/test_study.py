@@ -463,7 +463,7 @@ def test_a_reader_that_stops_early_is_not_an_error():
 
 
 # -----------------------------------------------------------------------------
-# the committed experiments: every generated block, and v2's and v3's figures, byte for byte
+# the committed experiments: every generated block, and every study's figures, byte for byte
 
 ALL = sorted(f[:-3] for f in os.listdir(STUDIES) if f.endswith('.py'))
 
@@ -481,7 +481,7 @@ def test_docs_blocks_match_the_committed_logs():
 
 
 @pytest.mark.slow  # seconds of matplotlib each
-@pytest.mark.parametrize('name', ['v2', 'v3', 'v4'])
+@pytest.mark.parametrize('name', ['v2', 'v3', 'v4', 'v5', 'v6'])
 def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
     """Each study's figures, from its committed runs."""
     pytest.importorskip('matplotlib', reason=PLOTS)
