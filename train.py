@@ -61,7 +61,8 @@ DEFAULTS = dict(
     data_seed=1337,  # the batches of step k depend on (data_seed, k) only
     gradient_accumulation_steps=40,  # in total, over all processes
     batch_size=12,  # micro-batch per process
-    block_size=1024,  # tokens per training window (at most the model's block_size)
+    block_size=1024,  # tokens per window; from scratch also the model's context (GPTConfig's
+    # block_size); a resume or GPT-2 keeps its model's, which must be at least this
     # model: every GPTConfig field of model.py, with its default; these three are train.py's
     vocab_size=None,  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
     query=None,  # None: the model's default, 'linear' (so a resume does not report it as a change)
@@ -127,9 +128,11 @@ def step_starts(data, c, step):  # every variant, restart and world size: the sa
     return data.starts('train', tokens_per_iter(c) // c['block_size'], c['data_seed'], step)
 
 
-def get_batch(data, c, starts, micro, device):  # micro-batch `micro` of the step's windows
+def get_batch(data, c, starts, index, device):
+    """Micro-batch `index` of the step's windows, counted over every process: rank r takes
+    r * accum up to (r + 1) * accum - 1, so the step's tokens do not depend on the world size."""
     n = c['batch_size']
-    return data.batch('train', starts[micro * n:(micro + 1) * n], device)
+    return data.batch('train', starts[index * n:(index + 1) * n], device)
 
 
 # -----------------------------------------------------------------------------
@@ -342,7 +345,9 @@ def evaluate(run):
             (starts[i * n:(i + 1) * n], None) for i in range(c['eval_iters'])])
     entry = dict(iter=run.iter_num, tokens=run.iter_num * tokens_per_iter(c),
                  train_loss=losses['train'], val_loss=losses['val'])
-    if run.iter_num >= c['max_iters'] or c['eval_only']:  # every val token once, in order
+    # every val token once, in order, at the end; on the plain model: the tiling's shorter last
+    # window would make a compiled one compile again
+    if run.iter_num >= c['max_iters'] or c['eval_only']:
         entry['val_loss_full'] = mean_loss(run, run.model, 'val', run.data.tiling('val', n), True)
     interval = c['hellaswag_interval']
     if run.hellaswag and ('val_loss_full' in entry or interval and run.iter_num % interval == 0):

@@ -80,7 +80,8 @@ def load_optimizer_state(optimizer, model, state, path):
     params = [p for group in optimizer.param_groups for p in group['params']]
     saved = [i for group in state.get('param_groups', []) for i in group['params']]
     advice = ("the checkpoint is damaged or its optimizer is another model's: resume from another "
-              "checkpoint, or start with --init_from=<its folder> to fine-tune with a fresh AdamW")
+              "checkpoint, or keep its weights with a fresh AdamW: export them (python -m "
+              "tools.export) and start with --init_from=<the exported folder>")
     if len(saved) != len(params):
         raise UserError(f"{path}: its optimizer state holds {len(saved)} tensors for a model of "
                         f"{len(params)}: {advice}")

@@ -140,9 +140,10 @@ class Interrupted(Exception):
 
 class Signals:
     """SIGTERM and SIGINT while a run trains. The first asks for a save at the next safe point
-    (within a step, or an evaluation batch) and a stop; a second stops at once without saving:
-    the checkpoint on disk stays whole, since every write of one is a rename. `number` is the
-    first signal's, None until one arrives."""
+    (the end of the step, or of an evaluation batch; under DDP the next log step, where the ranks
+    agree) and a stop; a second stops at once without saving: the checkpoint on disk stays
+    whole, since every write of one is a rename. `number` is the first signal's, None until one
+    arrives."""
 
     def __init__(self, process, out_dir):
         self.process, self.out_dir, self.number, self.previous = process, out_dir, None, {}

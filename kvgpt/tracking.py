@@ -1,7 +1,7 @@
 """
-What a run writes about itself: its record (config.json and log.jsonl, which always describe the
-checkpoint on disk) and the trackers that mirror it (W&B, TensorBoard), each continuing across a
-resume.
+What a run writes about itself: its record (config.json and log.jsonl, which a resume finds
+consistent with the checkpoint on disk) and the trackers that mirror it (W&B, TensorBoard), each
+continuing across a resume.
 """
 
 import json
