@@ -120,6 +120,11 @@ def settings(argv=None):
 EVAL_KEY = 2 ** 31  # + split (0 train, 1 val): the evaluation windows' key, above every step's
 
 
+def tokens_seen(run):  # a resume may change the step's size: counted from its checkpoint's
+    step, tokens = run.resumed_at
+    return tokens + (run.iter_num - step) * tokens_per_iter(run.settings)
+
+
 def tokens_per_iter(c):
     return c['gradient_accumulation_steps'] * c['batch_size'] * c['block_size']
 
@@ -145,6 +150,12 @@ def model_args_from(c, meta):
     return args
 
 
+def model_settings(ckpt):
+    """The checkpoint's model settings that win over a resume's: all but block_size, which is
+    also train.py's window length, and a resume may train on shorter windows."""
+    return {k: v for k, v in ckpt['model_args'].items() if k != 'block_size'}
+
+
 def build_model(c, meta, master):
     """(model, checkpoint or None) for init_from = scratch | resume | gpt2* or a GPT-2 folder."""
     ckpt = None
@@ -155,7 +166,7 @@ def build_model(c, meta, master):
         model, ckpt = model_from_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'), verbose=master)
         check_same_data(ckpt.get('meta'), meta, f"{c['out_dir']}/ckpt.pt",
                                 f"{c['data_root']}/{c['dataset']}")
-        changed = [k for k, v in ckpt['model_args'].items() if c.get(k) is not None and c[k] != v]
+        changed = [k for k, v in model_settings(ckpt).items() if c.get(k) is not None and c[k] != v]
         if changed and master:
             print("resuming: the checkpoint's model settings win over "
                   + ', '.join(f'{k}={c[k]!r}' for k in changed))
@@ -234,6 +245,7 @@ class Run:  # what the loop reads and changes, made by setup() below
     probe: object = None  # the evaluation hook of the probe setting
     hellaswag: object = None  # scores the hellaswag setting's items (evals/hellaswag.py)
     iter_num: int = 0
+    resumed_at: tuple = (0, 0)  # (step, tokens seen) of the checkpoint it started from
     best_val_loss: float = math.inf
     finished: bool = False  # the loop ended without an error (at max_iters, or by a signal)
 
@@ -327,7 +339,7 @@ def log_step(run, step_loss, grad_norm, lr, dt):
     timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
     print(f"iter {run.iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}{timing}"
           + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
-    run.record.log(iter=run.iter_num, tokens=run.iter_num * tokens, lr=lr, loss=loss,
+    run.record.log(iter=run.iter_num, tokens=tokens_seen(run), lr=lr, loss=loss,
                    grad_norm=grad_norm, dt_ms=dt and dt * 1000, tokens_per_s=dt and tokens / dt,
                    mfu=mfu, eta_s=eta)
 
@@ -343,7 +355,7 @@ def evaluate(run):
         starts = run.data.starts(split, c['eval_iters'] * n, c['data_seed'], EVAL_KEY + k)
         losses[split] = mean_loss(run, run.step_model, split, [
             (starts[i * n:(i + 1) * n], None) for i in range(c['eval_iters'])])
-    entry = dict(iter=run.iter_num, tokens=run.iter_num * tokens_per_iter(c),
+    entry = dict(iter=run.iter_num, tokens=tokens_seen(run),
                  train_loss=losses['train'], val_loss=losses['val'])
     # every val token once, in order, at the end; on the plain model: the tiling's shorter last
     # window would make a compiled one compile again
@@ -417,16 +429,17 @@ def save(run, reason, name='ckpt.pt'):
         error = f"parameters are non-finite at iter {run.iter_num}; not saving: {path} stays"
     elif master:
         # the record is written before the new ckpt.pt replaces the old one: if it fails, both stay
-        record = run.record.commit if name == 'ckpt.pt' else None
+        commit_record = run.record.commit if name == 'ckpt.pt' else None
         try:
             save_checkpoint(dict(
                 model=run.model.state_dict(), optimizer=run.optimizer.state_dict(),
                 model_args=asdict(run.model.config), iter_num=run.iter_num,
                 best_val_loss=run.best_val_loss, config=run.settings, meta=run.data.meta,
                 rng=states,
-                tokens_seen=run.iter_num * tokens_per_iter(run.settings),
+                tokens_seen=tokens_seen(run),
                 wandb_run_id=wandb_run_id(run.record),  # a resume continues the same W&B run
-                scaler=run.scaler.state_dict() if run.scaler.is_enabled() else None), path, record)
+                scaler=run.scaler.state_dict() if run.scaler.is_enabled() else None), path,
+                before_replace=commit_record)
         except OSError as e:
             error = f"{fs_error(e, path)}; the previous checkpoint there is untouched"
         except UserError as e:  # the record: the checkpoint and the record are as they were
@@ -448,6 +461,8 @@ def restore(run, ckpt):
     if ckpt.get('scaler'):
         run.scaler.load_state_dict(ckpt['scaler'])
     run.iter_num, run.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
+    tokens = ckpt.get('tokens_seen')  # nanoGPT's checkpoints have none: a constant step size
+    run.resumed_at = (run.iter_num, tokens_seen(run) if tokens is None else tokens)
     distributed.set_rng_state(run.process, ckpt.get('rng', []))
 
 
@@ -466,7 +481,7 @@ def setup(c, process, signals):
     model, ckpt = build_model(c, data.meta, process.master)
     config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
     if ckpt is not None:  # the checkpoint's model wins over a resume's model settings: record it
-        config.update({k: v for k, v in ckpt['model_args'].items() if c.get(k) is not None})
+        config.update({k: v for k, v in model_settings(ckpt).items() if c.get(k) is not None})
     model.to(dev.device)
     scaler = torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16')
     optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'],
@@ -502,10 +517,7 @@ def train(c):
             run = setup(c, process, signals)
             train_loop(run)
         if process.master and not c['eval_only'] and signals.stopped is None:
-            # what this run added with no checkpoint after it (always_save_checkpoint=False, or
-            # a final evaluation cut short before): a finished run resumed leaves its record be
-            if run.iter_num > run.record.resume_iter or not run.record.holds_final(run.iter_num):
-                run.record.commit()
+            run.record.finish(run.iter_num)
             print(f"finished at iter {run.iter_num} in {format_eta(time.time() - t0)}; sample "
                   f"from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}")
         run.finished = True

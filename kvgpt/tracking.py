@@ -82,6 +82,13 @@ class Record:
         return os.path.exists(self.path) and any(
             e['iter'] == iter_num and 'val_loss_full' in e for e in read_jsonl(self.path))
 
+    def finish(self, iter_num):
+        """The run ended at iter_num, not stopped by a signal: what it logged with no checkpoint
+        after it (always_save_checkpoint=False, or a final evaluation cut short before) joins the
+        record. A finished run resumed, which adds nothing, leaves the record be."""
+        if iter_num > self.resume_iter or not self.holds_final(iter_num):
+            self.commit()
+
     def commit(self):
         """A checkpoint was saved (or the run finished): the held entries join the record, which
         is written now if it was not yet (a checkpoint without a config.json beside it is not)."""

@@ -579,6 +579,17 @@ def test_a_resume_records_the_checkpoints_model_not_the_ignored_settings(data_ro
     assert config['n_embd'] == config['model_args']['n_embd'] == n_embd
 
 
+def test_a_resume_on_shorter_windows_records_them(data_root, tmp_path, capsys):
+    """block_size is also the window length: a resume may shorten it, and config.json says the
+    windows it trains on, beside the model's context in model_args."""
+    run(data_root, tmp_path, max_iters=10)
+    log = run(data_root, tmp_path, init_from='resume', max_iters=20, block_size=16)
+    assert "win over block_size" not in capsys.readouterr().out
+    config = json.loads((tmp_path / 'config.json').read_text())
+    assert config['block_size'] == 16 and config['model_args']['block_size'] == 32
+    assert log[-1]['tokens'] == 10 * 2 * 4 * 32 + 10 * 2 * 4 * 16
+
+
 def test_hellaswag_scores_reach_the_console_as_well_as_the_log(data_root, tmp_path, capsys):
     from test_hellaswag import write_items
     items = write_items(tmp_path / 'items.jsonl', n=4, seed=0)
