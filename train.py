@@ -201,7 +201,7 @@ TIMING_WARMUP = 2  # steps after each (re)start left out of step times (compilat
 
 class StepTimer:
     """Seconds per step since the last log line, leaving out the TIMING_WARMUP steps after each
-    (re)start and every evaluation."""
+    (re)start, every evaluation and every save."""
 
     def __init__(self, start_iter):
         self.start_iter, self.mark = start_iter, None
@@ -309,7 +309,9 @@ def train_loop(run):
         timer.tick(run.iter_num)
         if run.iter_num in c['keep_checkpoints']:
             distributed.check_finite(process, nonfinite, run.iter_num, c['out_dir'])
+            t0 = time.time()
             save(run, 'kept', f'ckpt_{run.iter_num}.pt')
+            timer.pause(time.time() - t0)
         if log_now:
             distributed.check_finite(process, nonfinite, run.iter_num, c['out_dir'])
             log_step(run, loss_sum / accum, grad_norm, lr, timer.step_time(run.iter_num))
