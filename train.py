@@ -63,7 +63,8 @@ DEFAULTS = dict(
     batch_size=12,  # micro-batch per process
     block_size=1024,  # tokens per window; from scratch also the model's context (GPTConfig's
     # block_size); a resume or GPT-2 keeps its model's, which must be at least this
-    # model: every GPTConfig field of model.py, with its default; these three are train.py's
+    # model: every GPTConfig field of model.py, with its default (added below); these three
+    # differ: two None defaults that train.py resolves, and the old spelling of query
     vocab_size=None,  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
     query=None,  # None: the model's default, 'linear' (so a resume does not report it as a change)
     query_identity=False,  # the old spelling of query='identity': read, then folded into query
@@ -473,7 +474,8 @@ def restore(run, ckpt):
 
 def setup(c, process, signals):
     """The run: data, model (from scratch, a checkpoint or GPT-2), optimizer, record."""
-    process.micro_steps(c['gradient_accumulation_steps'])  # the same global batch at any world
+    # a world size that does not divide the accumulation is refused here, before data or model
+    process.micro_steps(c['gradient_accumulation_steps'])
     dev = setup_device(process.device, c['dtype'], c['compile'])
     torch.manual_seed(c['seed'] + process.rank)
     data = open_or_prepare(c['data_root'], c['dataset'], c['block_size'], process.master,
