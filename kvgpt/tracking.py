@@ -38,6 +38,7 @@ class Record:
             resume_iter
         self.out_dir, self.trackers, self.started = out_dir, list(trackers), False
         record = [os.path.join(out_dir, f) for f in ('log.jsonl', 'config.json')]
+        # the entries waiting for this run's first checkpoint; None: each goes to the log at once
         self.held = [] if any(map(os.path.exists, record)) and config is not None else None
         if self.held is not None:
             kept_lines(self.path, resume_iter)  # a damaged log is one line now, not at the save
