@@ -48,7 +48,7 @@ DEFAULTS = dict(
     dtype='auto',  # uint16 when the vocabulary fits, else uint32
     data_root='data',  # the bins go to data_root/<out_name>/
     out_name=None,  # None: derived from the dataset
-    force=False,  # re-run even when an identical finished run exists
+    force=False,  # re-run even if a run with the same settings finished (after editing the source)
     progress=True,  # datasets' progress bars (off when train.py prepares an embedded corpus)
 )
 # the type of each key whose default does not say it (--help shows them)
@@ -261,6 +261,8 @@ def resolve(c):
     name = c['dataset']
     if not isinstance(name, str) or not name:
         raise UserError("--dataset must be a name, a hub id, or a path")
+    if name.startswith('~'):  # the shell leaves a ~ after --dataset= as it is
+        name = c['dataset'] = os.path.expanduser(name)
     c['tokenizer'] = c['tokenizer'] or ('byte' if name in EMBEDDED else 'gpt2')
     if c['val_size'] is None:
         one_text = is_local(name) and os.path.isfile(name) and name.endswith('.txt')
@@ -336,7 +338,7 @@ def prepare(c):
     settings.update({k: c[k] for k in ('hub_config', 'val_documents') if c[k] is not None})
     if os.path.exists(meta_path) and not c['force']:
         meta = read_json(meta_path, 'meta.json')
-        if meta.get('settings') == settings and bins_match_meta(out_dir, meta) is None:
+        if bins_match_meta(out_dir, meta) is None and meta.get('settings') == settings:
             print(f"{out_dir} is up to date ({meta['train_tokens']:,} train tokens); "
                   "--force=True to redo it")
             return meta

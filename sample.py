@@ -31,7 +31,7 @@ DEFAULTS = dict(
     stop_at_eot=True,  # end a sample at the end-of-text token
     seed=1337,  # the sampling generator's seed: the same seed, the same samples
     device=None,  # None: cuda when available, else cpu
-    dtype=None,  # None: bfloat16 on cuda where supported, else float32
+    dtype=None,  # None: bfloat16 on cuda where native, float16 on older GPUs, float32 on cpu
     compile=False,  # True: torch.compile the decoding steps
     use_cache=True,  # False: recompute the whole context for every token (for comparison)
 )
@@ -62,19 +62,27 @@ def load_model(c):
         # nanoGPT checkpoints carry no tokenizer: theirs are GPT-2 BPE (OpenWebText, Shakespeare)
         name = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')
         return model, get_tokenizer(name)
+    if c['init_from'] in ('scratch', 'auto'):
+        raise UserError(f"sample.py's init_from is resume (out_dir's checkpoint), gpt2..gpt2-xl "
+                        f"or a local GPT-2 folder, got {c['init_from']!r}")
     with model_errors():
         return GPT.from_pretrained(c['init_from']), get_tokenizer('gpt2')
 
 
 def read_prompt(start):
-    start = str(start)  # --start=42 parses as an int
     if not start.startswith('FILE:'):
         return start
     path = start[5:]
     if not os.path.isfile(path):
         raise UserError(f"prompt file {path} not found")
-    with open(path, encoding='utf-8') as f:
-        return f.read()
+    try:
+        with open(path, encoding='utf-8') as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"prompt file {path} is not UTF-8 text (byte {e.start}): save it as "
+                        "UTF-8") from None
+    except OSError as e:
+        raise UserError(f"cannot read prompt file {path} ({e.strerror})") from None
 
 
 def encode_prompt(text, tok, model):

@@ -61,10 +61,8 @@ DEFAULTS = dict(
     data_seed=1337,  # the batches of step k depend on (data_seed, k) only
     gradient_accumulation_steps=40,  # in total, over all processes
     batch_size=12,  # micro-batch per process
-    block_size=1024,  # tokens per window; from scratch also the model's context (GPTConfig's
-    # block_size); a resume or GPT-2 keeps its model's, which must be at least this
-    # model: every GPTConfig field of model.py, with its default (added below); these three
-    # differ: two None defaults that train.py resolves, and the old spelling of query
+    block_size=1024,  # tokens per window; from scratch the model's context too (resumed: its own)
+    # model: every GPTConfig field of model.py with its default; the three here train.py resolves
     vocab_size=None,  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
     query=None,  # None: the model's default, 'linear' (so a resume does not report it as a change)
     query_identity=False,  # the old spelling of query='identity': read, then folded into query

@@ -134,7 +134,11 @@ def apply_arguments(defaults, argv, types, final=None, sets=None):
             key, eq, text = arg[2:].partition('=')
             if not eq:
                 raise UserError(f"expected --key=value, got '{arg}'")
-            config[key] = check_value(key, parse_value(text), defaults, arg, types)
+            value = parse_value(text)
+            if type(value) in (int, float) and key in defaults and \
+                    kind_of(key, defaults, types).kind is str:
+                value = text  # a text key takes a number as written: --start=2024
+            config[key] = check_value(key, value, defaults, arg, types)
             made_by.append({key})
             continue
         later = set().union(*sets[i + 1:]) if sets else set()

@@ -159,8 +159,9 @@ def open_dataset(data_root, name, block_size):
                             f"`python prepare.py --dataset=...` for {name} again")
         if bins:
             return open_shards(data_dir, block_size)
+        root = '' if os.path.normpath(data_root) == 'data' else f" --data_root={data_root}"
         raise UserError(f"no prepared dataset at {data_dir}: run "
-                        f"`python prepare.py --dataset={name}` first")
+                        f"`python prepare.py --dataset={name}{root}` first")
     meta = read_json(meta_path, 'meta.json')
     problem = bins_match_meta(data_dir, meta)
     if problem:
@@ -267,7 +268,8 @@ def check_same_data(saved, meta, checkpoint, data_dir):
 
 def write_dataset(out_dir, meta, write):
     """write(paths) fills both bins under temporary names (and meta's counts); then they replace
-    the old ones and meta.json comes last: a failure leaves the old data as it was."""
+    the old ones and meta.json comes last: a failure while writing leaves the old data as it was,
+    and one during the swap leaves no meta.json, which open_dataset reports as unfinished."""
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, 'meta.json')
     paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}

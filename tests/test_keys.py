@@ -19,8 +19,8 @@ SCRIPTS = {'train': train, 'sample': sample, 'prepare': prepare}
 
 
 def wrong_value(key, script):
-    """A value of the wrong type for key: a word for a number, a number for a word, a misspelled
-    choice, a word that is not a bool."""
+    """A value of the wrong type for key: a word for a number, a misspelled choice, a word that is
+    not a bool; None for a text key, which takes any text (a number too, as written)."""
     kind = config.kind_of(key, script.DEFAULTS, getattr(script, 'TYPES', {}))
     if kind.choices:
         return kind.choices[0] + 'x'
@@ -29,12 +29,13 @@ def wrong_value(key, script):
     if kind.kind is bool:
         return 'maybe'
     if kind.kind is str:
-        return '5'
+        return None
     return 'abc'  # int, float, tuple
 
 
 @pytest.mark.parametrize('name,key', [(name, key) for name, script in SCRIPTS.items()
-                                      for key in script.DEFAULTS])
+                                      for key in script.DEFAULTS
+                                      if wrong_value(key, script) is not None])
 def test_a_wrong_type_is_one_line_exit_2_and_writes_nothing(name, key, tmp_path,
                                                               command_line):
     script, out = SCRIPTS[name], tmp_path / 'out'
@@ -51,6 +52,15 @@ def test_a_wrong_type_is_one_line_exit_2_and_writes_nothing(name, key, tmp_path,
 def test_a_bool_takes_true_and_false_in_either_case(value, expected):
     assert train.settings([f'--compile={value}'])['compile'] is expected
     assert train.settings([f'--overwrite={value}'])['overwrite'] is expected
+
+
+def test_a_text_key_takes_a_number_as_written():
+    """The shell cannot quote for Python: --start=2024 is the text 2024, and 1.50 keeps its 0."""
+    c = train.settings(['--out_dir=2024', '--wandb_run_name=1.50'])
+    assert c['out_dir'] == '2024' and c['wandb_run_name'] == '1.50'
+    assert config.parse_config(sample.DEFAULTS, ['--start=2024'], types=sample.TYPES)['start'] == '2024'
+    with pytest.raises(errors.UserError, match="dtype must be one of"):
+        train.settings(['--dtype=16'])  # a choice stays a choice
 
 
 def test_none_unsets_only_a_key_that_can_be_unset():

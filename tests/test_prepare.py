@@ -93,6 +93,32 @@ def test_rerun_is_a_noop_unless_forced(tmp_path, capsys):
     assert 'wrote' in capsys.readouterr().out
 
 
+def test_a_home_path_is_expanded(tmp_path, monkeypatch):
+    """The shell leaves the ~ of --dataset=~/docs.jsonl alone: prepare.py expands it."""
+    monkeypatch.setenv('HOME', str(tmp_path))
+    write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    meta = run(tmp_path, dataset='~/docs.jsonl')
+    assert meta['train_tokens'] > 0 and (tmp_path / 'data' / 'docs' / 'meta.json').exists()
+
+
+def test_a_meta_json_that_is_not_an_object_is_one_line(tmp_path):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    run(tmp_path, dataset=src)
+    (tmp_path / 'data' / 'docs' / 'meta.json').write_text('[]')
+    with pytest.raises(UserError, match="meta.json is damaged .* not an object"):
+        open_dataset(str(tmp_path / 'data'), 'docs', 8)
+    run(tmp_path, dataset=src)  # not up to date: written again
+    assert json.load(open(tmp_path / 'data' / 'docs' / 'meta.json'))['train_tokens'] > 0
+
+
+def test_the_advice_for_a_missing_dataset_names_its_data_root(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match=f"--dataset=docs --data_root={tmp_path}` first"):
+        open_dataset(str(tmp_path), 'docs', 8)
+    monkeypatch.chdir(tmp_path)  # the default data_root, data/, needs no --data_root
+    with pytest.raises(UserError, match="--dataset=docs` first"):
+        open_dataset('data/', 'docs', 8)
+
+
 @pytest.mark.gpt2_bpe
 def test_failed_run_leaves_nothing_finished_looking(tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)

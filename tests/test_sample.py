@@ -174,10 +174,18 @@ def test_sample_texts_and_no_cache_agree(trained):
     (dict(num_samples=0), 'num_samples must be a positive integer'),
     (dict(start='FILE:/no/such/prompt.txt'), 'prompt file /no/such/prompt.txt not found'),
     (dict(out_dir='/no/such/run'), 'no checkpoint at /no/such/run/ckpt.pt'),
+    (dict(init_from='scratch'), "sample.py's init_from is resume"),
 ])
 def test_bad_sampling_input(kw, message):
     with pytest.raises(UserError, match=message):
         sample.sample(dict(sample.DEFAULTS, **kw))
+
+
+def test_a_prompt_file_that_is_not_utf8_is_one_line(tmp_path):
+    prompt = tmp_path / 'prompt.txt'
+    prompt.write_bytes(b'caf\xe9')  # Latin-1
+    with pytest.raises(UserError, match=f"prompt file {prompt} is not UTF-8 text"):
+        sample.sample(dict(sample.DEFAULTS, start=f'FILE:{prompt}'))
 
 
 @pytest.mark.slow
