@@ -212,6 +212,16 @@ def load_source(c):
                         "(or .txt, .parquet, a folder of them)") from None
 
 
+def unreadable(source, e):
+    """One line for a source datasets failed to read: the line of a local JSON-lines file at
+    fault where there is one, else datasets' own first line."""
+    if is_local(source) and os.path.exists(os.path.expanduser(source)):
+        _, files = local_files(os.path.expanduser(source))
+        for problem in filter(None, map(check_jsonl, [f for f in files if f.endswith('.jsonl')])):
+            return problem
+    return f"cannot read {source}: {short(e)}"
+
+
 def short(e):
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
@@ -385,9 +395,15 @@ def meta_head(c, tok, dtype, settings):
 STREAM_BATCH = 1000  # documents tokenized together (by one worker) when streaming
 
 
-def stream_batches(ds, column):
-    batch = []
-    for document in ds:
+def stream_batches(ds, column, source):
+    batch, documents = [], iter(ds)
+    while True:
+        try:
+            document = next(documents)
+        except StopIteration:
+            break
+        except Exception as e:  # a streamed source is read only now, so its errors come here
+            raise UserError(unreadable(source, e)) from None
         if column not in document:
             raise UserError(f"no column '{column}' in the streamed documents (columns: "
                             f"{', '.join(document)}): set --text_column")
@@ -413,7 +429,8 @@ def prepare_streamed(ds, c, tok, dtype, out_dir, settings):
         tokens = dict.fromkeys(SPLITS, 0)
         pool = multiprocessing.Pool(c['num_proc']) if c['num_proc'] > 1 else None
         try:
-            batches = stream_batches(ds, column)
+            source = c['hub_id'] if c['dataset'] == 'openwebtext' else c['dataset']
+            batches = stream_batches(ds, column, source)
             out = pool.imap(tokenize, batches) if pool else map(tokenize, batches)
             bar = tqdm(desc='tokenizing (streamed)', unit=' docs', disable=not c['progress'])
             for result in out:

@@ -390,3 +390,16 @@ def test_streaming_settings_fail_clearly(tmp_path, kw, message):
     with pytest.raises(UserError, match=message):
         run(tmp_path, dataset=src, tokenizer='byte', **kw)
     assert not os.path.exists(tmp_path / 'data' / 'docs' / 'meta.json')
+
+
+@pytest.mark.parametrize('num_proc', [1, 2])
+def test_a_bad_line_in_a_streamed_file_is_one_line_naming_it(tmp_path, num_proc):
+    """A streamed source is read while it is tokenized, not when it is opened: its bad line is
+    named then, as the non-streamed path names it."""
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    with open(src, 'a') as f:
+        f.write('{"text": "broken\n')
+    with pytest.raises(UserError, match=f"{src} line {len(DOCS) + 1} is not valid JSON"):
+        run(tmp_path, dataset=src, tokenizer='byte', streaming=True, val_documents=2,
+            num_proc=num_proc)
+    assert not os.path.exists(tmp_path / 'data' / 'docs' / 'meta.json')
