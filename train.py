@@ -165,7 +165,8 @@ def build_model(c, meta, master):
         model, ckpt = model_from_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'), verbose=master)
         check_same_data(ckpt.get('meta'), meta, f"{c['out_dir']}/ckpt.pt",
                                 f"{c['data_root']}/{c['dataset']}")
-        changed = [k for k, v in model_settings(ckpt).items() if c.get(k) is not None and c[k] != v]
+        ours = model_settings(ckpt)
+        changed = [k for k, v in ours.items() if c.get(k) is not None and c[k] != v]
         if changed and master:
             print("resuming: the checkpoint's model settings win over "
                   + ', '.join(f'{k}={c[k]!r}' for k in changed))

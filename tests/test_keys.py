@@ -58,7 +58,8 @@ def test_a_text_key_takes_a_number_as_written():
     """The shell cannot quote for Python: --start=2024 is the text 2024, and 1.50 keeps its 0."""
     c = train.settings(['--out_dir=2024', '--wandb_run_name=1.50'])
     assert c['out_dir'] == '2024' and c['wandb_run_name'] == '1.50'
-    assert config.parse_config(sample.DEFAULTS, ['--start=2024'], types=sample.TYPES)['start'] == '2024'
+    prompt = config.parse_config(sample.DEFAULTS, ['--start=2024'], types=sample.TYPES)['start']
+    assert prompt == '2024'
     with pytest.raises(errors.UserError, match="dtype must be one of"):
         train.settings(['--dtype=16'])  # a choice stays a choice
 
