@@ -11,8 +11,11 @@ meta.json (tokenizer, vocab, dtype, counts, source), the format kvgpt/data.py re
 
 Every source goes through the same `datasets` pipeline: load -> split -> tokenize
 (num_proc workers) -> write shard by shard into a memmap under a temporary name ->
-rename -> meta.json last. meta.json is the mark of a finished run: it is removed
-before any rewrite and written only when both bins are complete.
+rename -> meta.json last. With --streaming=True the documents are read once, in order:
+the first val_documents go to val.bin, the rest to train.bin, tokenized in batches by a pool
+of num_proc workers and appended to the temporary files as they come. meta.json is the mark
+of a finished run: it is removed before any rewrite and written only when both bins are
+complete.
 """
 import ast
 import functools
@@ -364,8 +367,13 @@ def prepare(c):
                         f"(columns: {', '.join(ds.column_names)}): set --text_column")
     if len(ds) == 0:
         raise UserError(f"{c['dataset']} has no documents")
-    split = (split_by_position(ds, c) if len(ds) == 1 and c['val_documents'] is None
-             else split_documents(ds, c) if c['val_documents'] is None else split_head(ds, c))
+    by_position = len(ds) == 1 and c['val_documents'] is None  # one document, cut in two
+    if c['val_documents'] is not None:
+        split = split_head(ds, c)  # the first documents, as a streamed run takes them
+    elif by_position:
+        split = split_by_position(ds, c)
+    else:
+        split = split_documents(ds, c)
     tokenized = {s: split[s].map(tokenize_batch, batched=True,
                                  num_proc=min(c['num_proc'], len(split[s])),
                                  remove_columns=split[s].column_names, desc=f"tokenizing {s}",
@@ -376,8 +384,8 @@ def prepare(c):
         raise UserError(f"{c['dataset']} is empty: every document's '{c['text_column']}' is blank")
 
     meta = dict(meta_head(c, tok, dtype, settings), documents=len(ds), characters=n_chars)
-    if len(ds) == 1 and c['val_documents'] is None:
-        meta['split'] = 'by position'  # one document cut in two
+    if by_position:
+        meta['split'] = 'by position'
 
     def write(paths):
         for s in SPLITS:
