@@ -193,9 +193,7 @@ def load_source(c):
             ds = datasets.load_dataset(builder, data_files=files, split='train', **extra,
                                        **stream)
         except Exception as e:
-            for problem in filter(None, map(check_jsonl, jsonl)):
-                raise UserError(problem) from None
-            raise UserError(f"cannot read {source} as {builder}: {short(e)}") from None
+            raise UserError(unreadable(source, e, builder)) from None
         if builder == 'text' and c['text_column'] != 'text':
             ds = ds.rename_column('text', c['text_column'])
         return ds
@@ -215,14 +213,14 @@ def load_source(c):
                         "(or .txt, .parquet, a folder of them)") from None
 
 
-def unreadable(source, e):
-    """One line for a source datasets failed to read: the line of a local JSON-lines file at
-    fault where there is one, else datasets' own first line."""
+def unreadable(source, e, builder=None):
+    """One line for a source datasets failed to read, on load or while streaming: the line of a
+    local JSON-lines file at fault where there is one, else datasets' own first line."""
     if is_local(source) and os.path.exists(os.path.expanduser(source)):
         _, files = local_files(os.path.expanduser(source))
         for problem in filter(None, map(check_jsonl, [f for f in files if f.endswith('.jsonl')])):
             return problem
-    return f"cannot read {source}: {short(e)}"
+    return f"cannot read {source}{f' as {builder}' if builder else ''}: {short(e)}"
 
 
 def short(e):
