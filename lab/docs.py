@@ -28,7 +28,8 @@ TABLES = dict(tuning=tables.tuning_table, stability=tables.stability_table,
               refine=tables.refine_table, diagnostics_note=tables.diagnostics_note,
               pilot=tables.pilot_table, tokens_gaps=tables.tokens_gaps_table,
               onsets=tables.onsets_table, gap_steps=tables.gap_steps_table,
-              attention_lag=tables.attention_lag_table)
+              attention_lag=tables.attention_lag_table,
+              tokens_schedule=tables.tokens_schedule_table)
 BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
 
 

@@ -10,6 +10,7 @@ import os
 from kvgpt.files import read_json, read_jsonl
 from lab import markdown as md, plan as S, stats
 from model import GPTConfig
+from train import get_lr
 
 
 # -----------------------------------------------------------------------------
@@ -31,6 +32,11 @@ class Context:
 
     def loss(self, run):
         return None if run is None else self.results.get(run.name)
+
+    def config(self, run):
+        """The settings a committed run trained with (its config.json)."""
+        path = os.path.join(self.folders[run.name], 'config.json')
+        return read_json(path, "a run's config.json")
 
     def at(self, arm, seed, **extra):
         """The arm's run at its selected (or fixed) LR on seed; None while it is tuning."""
@@ -1011,6 +1017,58 @@ def gap_steps_table(ctx, pairs, steps):
     legend = '; '.join(f"{c['label']}: {c['arm']} − {c['ref']}, seeds {c['seeds'][0]}–"
                        f"{c['seeds'][-1]}" for c, _ in done)
     return '\n'.join(rows) + f"\n\nPaired gap, mean over seeds [95% interval]. {legend}.\n" + note
+
+
+# -----------------------------------------------------------------------------
+# tokens against schedule: a longer pair's gap beside a shorter one's at matched points
+
+def schedule_point(ctx, c, step):
+    """(tokens seen, fraction of the run, LR in % of the peak) at an evaluation step of a pair's
+    runs, from its reference's config.json on its first seed; 'end' is the last step."""
+    config = ctx.config(ctx.at(c['ref'], c['seeds'][0]))
+    last = config['max_iters']
+    step = last if step == 'end' else step
+    return (S.tokens(config) * step // last, step / last,
+            100 * get_lr(step, config) / config['learning_rate'])
+
+
+def point_gaps(ctx, c, step):
+    """{seed: paired gap %} at a step on the fixed val windows, or of the full val loss ('end')."""
+    if step == 'end':
+        return ctx.gaps(c['arm'], c['ref'], c['seeds'])
+    return {seed: g[step] for seed, g in trajectories(ctx, c['arm'], c['ref'], c['seeds']).items()
+            if step in g}
+
+
+def tokens_schedule_table(ctx, long, short, points):
+    """The long pair's paired gap beside the short pair's at matched points, each a (long step,
+    short step): the same tokens at different points of the two schedules, or the same point of
+    the schedule at more tokens. Each row gives both gaps on the seeds the pairs share and the
+    difference seed by seed, with its 95% interval: outside any Holm family."""
+    seeds = [s for s in long['seeds'] if s in short['seeds']]
+    found = {id(c): len(trajectories(ctx, c['arm'], c['ref'], seeds)) for c in (long, short)}
+    if min(found.values()) < len(seeds):
+        return f"Not yet: {pair_name(long)} on every seed of {seeds[0]}–{seeds[-1]}.\n"
+    rows = md.head('step (long, short)', 'tokens (long, short)', 'LR, % of peak (long, short)',
+                   'matched', f"{long['label']} gap [95%]", f"{short['label']} gap [95%]",
+                   f"{long['label']} − {short['label']}, points of % [95%]", 't p', 'larger on')
+    for at_long, at_short in points:
+        (tl, fl, ll), (ts, fs, ls) = (schedule_point(ctx, long, at_long),
+                                      schedule_point(ctx, short, at_short))
+        matched = 'tokens' if tl == ts else 'point of the schedule' if fl == fs else '–'
+        a, b = point_gaps(ctx, long, at_long), point_gaps(ctx, short, at_short)
+        moves = [a[s] - b[s] for s in seeds]
+        rows.append(f"| {at_long}, {at_short} | {tl / 1e6:.2f}M, {ts / 1e6:.2f}M | {ll:.0f}, "
+                    f"{ls:.0f} | {matched} | {interval_cell([a[s] for s in seeds])} | "
+                    f"{interval_cell([b[s] for s in seeds])} | {interval_cell(moves)} | "
+                    f"{fmt_p(stats.tests(moves, 0)['p_t'])} | "
+                    f"{sum(x > 0 for x in moves)} of {len(seeds)} |")
+    return ('\n'.join(rows) + f"\n\nPaired gaps on seeds {seeds[0]}–{seeds[-1]}, the seeds both "
+            f"pairs have; {long['label']}: {long['arm']} − {long['ref']}; {short['label']}: "
+            f"{short['arm']} − {short['ref']}. A step's gap is on the fixed val windows, the "
+            "end's on the full val loss. The difference is each seed's long gap minus its short "
+            "gap; its interval is 95% and unadjusted, outside the Holm family. Each arm runs at "
+            "its own LR for its budget.\n")
 
 
 def diag_gap(ctx, runs, step, key, layer):

@@ -336,3 +336,69 @@ def test_the_attention_table_gives_the_arm_minus_its_reference_and_the_gap_befor
     # seed 1: onsets 200 and 300, one evaluation (100) before the earlier; its gap there is
     # 100 * ((1.01 + 0.9) - (1 + 0.9)) / 1.9
     assert f"| 1 | 200 | 1 | {100 * 0.01 / 1.9:+.2f}% |" in text
+
+
+class Schedules:
+    """Enough of a Context for the tokens-against-schedule table: each (arm, seed) run has a full
+    val loss, a cosine schedule from step 0 over its arm's steps (10,000 tokens a step), and a val
+    loss falling linearly to that full val loss at its last step."""
+
+    def __init__(self, finals, steps):
+        self.finals, self.steps = finals, steps  # {(arm, seed): loss}, {arm: max_iters}
+
+    def at(self, arm, seed, budget=1.0):
+        return (arm, seed)
+
+    def loss(self, run):
+        return self.finals.get(run)
+
+    def config(self, run):
+        last = self.steps[run[0]]
+        return dict(max_iters=last, batch_size=1, block_size=10_000, gradient_accumulation_steps=1,
+                    learning_rate=1.0, min_lr=0.1, warmup_iters=0, lr_decay_iters=last,
+                    decay_lr=True)
+
+    def log(self, run):
+        last = self.steps[run[0]]
+        return [dict(iter=t, val_loss=self.finals[run] + (last - t) / last)
+                for t in range(0, last + 1, 100)]
+
+    def gaps(self, arm, ref, seeds):
+        return {s: 100 * (self.finals[(arm, s)] - self.finals[(ref, s)]) / self.finals[(ref, s)]
+                for s in seeds if (arm, s) in self.finals and (ref, s) in self.finals}
+
+
+def budgets_ctx(long_gaps, short_gaps):
+    finals = {}
+    for (arm, ref), gaps in ((('a16', 'b16'), long_gaps), (('a4', 'b4'), short_gaps)):
+        for seed, gap in gaps.items():
+            finals[(ref, seed)], finals[(arm, seed)] = 1.0, 1.0 + gap / 100
+    return Schedules(finals, dict(a16=1600, b16=1600, a4=400, b4=400))
+
+
+def test_the_tokens_schedule_table_matches_tokens_or_the_point_of_the_schedule_seed_by_seed():
+    ctx = budgets_ctx({1: 1.0, 2: 2.0, 3: 5.0}, {1: 3.0, 2: 3.0, 3: 3.0, 4: 9.0})
+    long = dict(label='16×', arm='a16', ref='b16', seeds=(1, 2))
+    short = dict(label='4×', arm='a4', ref='b4', seeds=(1, 2, 4))
+    text = tables.tokens_schedule_table(ctx, long, short,
+                                        ((100, 100), (400, 400), (400, 100), ('end', 'end')))
+    rows = text.splitlines()
+    # the same tokens: step 100 of each; the long run is near its peak LR, at cos(pi/16)
+    assert rows[2].startswith("| 100, 100 | 1.00M, 1.00M | 99, 87 | tokens |")
+    # a quarter of each run: the same point of the cosine, 0.1 + 0.9 (1 + cos(pi/4)) / 2 = 87%
+    assert rows[3].startswith("| 400, 400 | 4.00M, 4.00M | 87, 10 | tokens |")
+    assert rows[4].startswith("| 400, 100 | 4.00M, 1.00M | 87, 87 | point of the schedule |")
+    # at the end: the full val loss, seeds 1 and 2 only (the seeds both pairs have), the long gap
+    # minus the short one is -2 and -1 points
+    assert rows[5].startswith("| end, end | 16.00M, 4.00M | 10, 10 | point of the schedule | "
+                              "+1.50% [")
+    assert "| -1.50% [" in rows[5] and rows[5].endswith("| 0 of 2 |")
+    assert "seeds 1–2" in text
+
+
+def test_the_tokens_schedule_table_waits_for_every_shared_seed():
+    ctx = budgets_ctx({1: 1.0}, {1: 3.0, 2: 3.0})
+    long = dict(label='16×', arm='a16', ref='b16', seeds=(1, 2))
+    short = dict(label='4×', arm='a4', ref='b4', seeds=(1, 2))
+    assert tables.tokens_schedule_table(ctx, long, short, (('end', 'end'),)) == \
+        "Not yet: 16× a16 − b16 on every seed of 1–2.\n"
