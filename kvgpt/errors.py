@@ -44,11 +44,14 @@ FS_ADVICE = {  # what to do about a filesystem failure, by its errno
 }
 
 
-def fs_error(e, path=None):
+WRITES_ONLY = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}  # failures no read can have
+
+
+def fs_error(e, path=None, doing='write'):
     """The one line for an OSError at the filesystem boundary: the path, what went wrong and what
     to do about it."""
     advice = FS_ADVICE.get(e.errno, "check the path and the disk")
-    return f"cannot write {path or e.filename or 'a file'} ({e.strerror or e}): {advice}"
+    return f"cannot {doing} {path or e.filename or 'a file'} ({e.strerror or e}): {advice}"
 
 
 def run_main(main):
@@ -62,7 +65,9 @@ def run_main(main):
     except (UserError, OSError) as e:
         if os.environ.get('KVGPT_DEBUG') == '1':
             raise
-        print(f"error: {e if isinstance(e, UserError) else fs_error(e)}", file=sys.stderr)
+        if not isinstance(e, UserError):  # from a read or a write: only some errors tell which
+            e = fs_error(e, doing='write' if e.errno in WRITES_ONLY else 'read or write')
+        print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -381,20 +381,25 @@ def test_train_help_reads_as_help_for_a_user(capsys):
     assert 'the run stops when iter_num reaches it' in key['--max_iters']  # it stops at >=
 
 
-@pytest.mark.parametrize('error,advice', [
-    (PermissionError(13, 'Permission denied', '/runs/x'), 'permission denied: fix its'),
-    (OSError(28, 'No space left on device', '/runs/x'), 'the disk is full: free space'),
-    (OSError(30, 'Read-only file system', '/runs/x'), 'the filesystem is read-only'),
-    (NotADirectoryError(20, 'Not a directory', '/runs/x'), 'a file is in the way'),
+EITHER = 'read or write'
+
+
+@pytest.mark.parametrize('error,doing,advice', [
+    (PermissionError(13, 'Permission denied', '/runs/x'), EITHER, 'permission denied: fix its'),
+    (OSError(28, 'No space left on device', '/runs/x'), 'write', 'the disk is full: free space'),
+    (OSError(30, 'Read-only file system', '/runs/x'), 'write', 'the filesystem is read-only'),
+    (NotADirectoryError(20, 'Not a directory', '/runs/x'), EITHER, 'a file is in the way'),
+    (FileNotFoundError(2, 'No such file or directory', '/runs/x'), EITHER, 'check the path'),
 ])
-def test_each_filesystem_failure_says_what_to_do(error, advice, capsys):
+def test_each_filesystem_failure_says_what_to_do(error, doing, advice, capsys):
+    """A failure no caller explained: only a full disk or a read-only one says it was a write."""
     def fails():
         raise error
     with pytest.raises(SystemExit) as stop:
         errors.run_main(fails)
     assert stop.value.code == 2
     line = one_line(capsys.readouterr().err)
-    assert line.startswith(f"error: cannot write /runs/x ({error.strerror}): {advice}")
+    assert line.startswith(f"error: cannot {doing} /runs/x ({error.strerror}): {advice}")
 
 
 def test_the_readme_greedy_example_draws_one_sample():
