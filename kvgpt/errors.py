@@ -27,7 +27,7 @@ def model_errors(source=None):
 ELSEWHERE = "free space, or choose a folder on another disk"
 
 
-PERMISSIONS = "fix its permissions, or choose a folder you can write"
+PERMISSIONS = "fix its permissions, or choose another path"
 
 
 IN_THE_WAY = "a file is in the way where a folder should be: move it, or choose another folder"
@@ -40,7 +40,7 @@ FS_ADVICE = {  # what to do about a filesystem failure, by its errno
     errno.EACCES: f"permission denied: {PERMISSIONS}",
     errno.EPERM: f"not permitted: {PERMISSIONS}",
     errno.EEXIST: IN_THE_WAY, errno.ENOTDIR: IN_THE_WAY,
-    errno.EIO: "the write failed: check the disk's free space and health",
+    errno.EIO: "the disk reported an I/O error: check its health and free space",
 }
 
 

@@ -385,11 +385,13 @@ EITHER = 'read or write'
 
 
 @pytest.mark.parametrize('error,doing,advice', [
-    (PermissionError(13, 'Permission denied', '/runs/x'), EITHER, 'permission denied: fix its'),
+    (PermissionError(13, 'Permission denied', '/runs/x'), EITHER,
+     'permission denied: fix its permissions, or choose another path'),
     (OSError(28, 'No space left on device', '/runs/x'), 'write', 'the disk is full: free space'),
     (OSError(30, 'Read-only file system', '/runs/x'), 'write', 'the filesystem is read-only'),
     (NotADirectoryError(20, 'Not a directory', '/runs/x'), EITHER, 'a file is in the way'),
     (FileNotFoundError(2, 'No such file or directory', '/runs/x'), EITHER, 'check the path'),
+    (OSError(5, 'Input/output error', '/runs/x'), EITHER, 'the disk reported an I/O error'),
 ])
 def test_each_filesystem_failure_says_what_to_do(error, doing, advice, capsys):
     """A failure no caller explained: only a full disk or a read-only one says it was a write."""
