@@ -1044,32 +1044,38 @@ def tokens_schedule_table(ctx, long, short, points):
     """The long pair's paired gap beside the short pair's at matched points, each a (long step,
     short step): the same tokens at different points of the two schedules, or the same point of
     the schedule at more tokens. Each row gives both gaps on the seeds the pairs share and the
-    difference seed by seed, with its 95% interval: outside any Holm family."""
+    mean of the seed-by-seed differences, with its 95% interval: outside any Holm family."""
     seeds = [s for s in long['seeds'] if s in short['seeds']]
-    found = {id(c): len(trajectories(ctx, c['arm'], c['ref'], seeds)) for c in (long, short)}
-    if min(found.values()) < len(seeds):
-        return f"Not yet: {pair_name(long)} on every seed of {seeds[0]}–{seeds[-1]}.\n"
-    rows = md.head('step (long, short)', 'tokens (long, short)', 'LR, % of peak (long, short)',
-                   'matched', f"{long['label']} gap [95%]", f"{short['label']} gap [95%]",
-                   f"{long['label']} − {short['label']}, points of % [95%]", 't p', 'larger on')
+    L, R = long['label'], short['label']
+    gaps = {}
+    for at_long, at_short in points:
+        for c, step in ((long, at_long), (short, at_short)):
+            gaps[c['label'], step] = found = point_gaps(ctx, c, step)
+            if any(s not in found for s in seeds):
+                where = 'its end' if step == 'end' else f'step {step}'
+                return (f"Not yet: {pair_name(c)} at {where} on every seed of "
+                        f"{seeds[0]}–{seeds[-1]}.\n")
+    rows = md.head(f'step ({L}, {R})', f'tokens ({L}, {R})', f'LR, % of peak ({L}, {R})',
+                   'matched', f"{L} gap [95%]", f"{R} gap [95%]",
+                   f"{L} − {R}, points of % [95%]", 't p', f'{L} gap larger on')
     for at_long, at_short in points:
         (tl, fl, ll), (ts, fs, ls) = (schedule_point(ctx, long, at_long),
                                       schedule_point(ctx, short, at_short))
         matched = 'tokens' if tl == ts else 'point of the schedule' if fl == fs else '–'
-        a, b = point_gaps(ctx, long, at_long), point_gaps(ctx, short, at_short)
+        a, b = gaps[L, at_long], gaps[R, at_short]
         moves = [a[s] - b[s] for s in seeds]
-        rows.append(f"| {at_long}, {at_short} | {tl / 1e6:.2f}M, {ts / 1e6:.2f}M | {ll:.0f}, "
-                    f"{ls:.0f} | {matched} | {interval_cell([a[s] for s in seeds])} | "
+        rows.append(f"| {at_long}, {at_short} | {tl / 1e6:.2f}M, {ts / 1e6:.2f}M | {ll:.1f}, "
+                    f"{ls:.1f} | {matched} | {interval_cell([a[s] for s in seeds])} | "
                     f"{interval_cell([b[s] for s in seeds])} | {interval_cell(moves)} | "
                     f"{fmt_p(stats.tests(moves, 0)['p_t'])} | "
                     f"{sum(x > 0 for x in moves)} of {len(seeds)} |")
     return ('\n'.join(rows) + f"\n\nPaired gaps on seeds {seeds[0]}–{seeds[-1]}, the seeds both "
-            f"pairs have; {long['label']}: {long['arm']} − {long['ref']}; {short['label']}: "
-            f"{short['arm']} − {short['ref']}. A step's gap is on the fixed val windows, the "
-            "end's on the full val loss. The difference is each seed's long gap minus its short "
-            "gap; its interval is 95% and unadjusted, outside the Holm family. Each arm runs at "
-            "its own LR for its budget.\n")
-
+            f"pairs have; {L}: {long['arm']} − {long['ref']}; {R}: {short['arm']} − "
+            f"{short['ref']}. A step's gap is on the fixed val windows, the end's on the full val "
+            f"loss. {L} − {R}: the mean over seeds of each seed's {L} gap minus its {R} gap, with "
+            "a 95% interval, unadjusted and outside the Holm family. The LR is the schedule's at "
+            "the step, for the update after it. Each arm runs at its own peak LR for its "
+            "budget.\n")
 
 def diag_gap(ctx, runs, step, key, layer):
     """{seed: the arm's logged diagnostic minus its reference's} at an evaluation step."""

@@ -378,27 +378,36 @@ def budgets_ctx(long_gaps, short_gaps):
 
 def test_the_tokens_schedule_table_matches_tokens_or_the_point_of_the_schedule_seed_by_seed():
     ctx = budgets_ctx({1: 1.0, 2: 2.0, 3: 5.0}, {1: 3.0, 2: 3.0, 3: 3.0, 4: 9.0})
-    long = dict(label='16×', arm='a16', ref='b16', seeds=(1, 2))
-    short = dict(label='4×', arm='a4', ref='b4', seeds=(1, 2, 4))
+    long = dict(label='16×', arm='a16', ref='b16', seeds=(1, 2, 3))
+    short = dict(label='4×', arm='a4', ref='b4', seeds=(1, 2, 4))  # shared: seeds 1 and 2
     text = tables.tokens_schedule_table(ctx, long, short,
                                         ((100, 100), (400, 400), (400, 100), ('end', 'end')))
     rows = text.splitlines()
-    # the same tokens: step 100 of each; the long run is near its peak LR, at cos(pi/16)
-    assert rows[2].startswith("| 100, 100 | 1.00M, 1.00M | 99, 87 | tokens |")
-    # a quarter of each run: the same point of the cosine, 0.1 + 0.9 (1 + cos(pi/4)) / 2 = 87%
-    assert rows[3].startswith("| 400, 400 | 4.00M, 4.00M | 87, 10 | tokens |")
-    assert rows[4].startswith("| 400, 100 | 4.00M, 1.00M | 87, 87 | point of the schedule |")
-    # at the end: the full val loss, seeds 1 and 2 only (the seeds both pairs have), the long gap
-    # minus the short one is -2 and -1 points
-    assert rows[5].startswith("| end, end | 16.00M, 4.00M | 10, 10 | point of the schedule | "
-                              "+1.50% [")
-    assert "| -1.50% [" in rows[5] and rows[5].endswith("| 0 of 2 |")
+    assert rows[0].startswith("| step (16×, 4×) | tokens (16×, 4×) | LR, % of peak (16×, 4×) |")
+    # the same tokens, step 100 of each: 0.1 + 0.9 (1 + cos(pi t)) / 2 of the peak at t = 1/16
+    # of the long run, 99.1%, and t = 1/4 of the short one, 86.8%
+    assert rows[2].startswith("| 100, 100 | 1.00M, 1.00M | 99.1, 86.8 | tokens |")
+    assert rows[3].startswith("| 400, 400 | 4.00M, 4.00M | 86.8, 10.0 | tokens |")
+    # a quarter of each run: the same point of the cosine. The val loss is the full val loss
+    # plus the share of the run still to go: 1.75 for each reference here, so the gaps are
+    # 100 g / 175 % with g the final gap in %: 16× (1 + 2) / 2 / 1.75, 4× 3 / 1.75 on both seeds
+    assert rows[4].startswith("| 400, 100 | 4.00M, 1.00M | 86.8, 86.8 | point of the schedule "
+                              "| +0.86% [")
+    assert "| +1.71% [+1.71%, +1.71%] | -0.86% [" in rows[4]
+    # the ends: the full val loss on seeds 1 and 2 only; the 4× gap is +3% on both (seed 4's
+    # +9% is not shared), and the 16× minus the 4× is -2 and -1 points
+    assert rows[5].startswith("| end, end | 16.00M, 4.00M | 10.0, 10.0 | point of the schedule "
+                              "| +1.50% [")
+    assert "| +3.00% [+3.00%, +3.00%] | -1.50% [" in rows[5] and rows[5].endswith("| 0 of 2 |")
     assert "seeds 1–2" in text
 
 
-def test_the_tokens_schedule_table_waits_for_every_shared_seed():
-    ctx = budgets_ctx({1: 1.0}, {1: 3.0, 2: 3.0})
+def test_the_tokens_schedule_table_waits_for_every_shared_seed_of_either_pair():
     long = dict(label='16×', arm='a16', ref='b16', seeds=(1, 2))
     short = dict(label='4×', arm='a4', ref='b4', seeds=(1, 2))
+    ctx = budgets_ctx({1: 1.0}, {1: 3.0, 2: 3.0})
     assert tables.tokens_schedule_table(ctx, long, short, (('end', 'end'),)) == \
-        "Not yet: 16× a16 − b16 on every seed of 1–2.\n"
+        "Not yet: 16× a16 − b16 at its end on every seed of 1–2.\n"
+    ctx = budgets_ctx({1: 1.0, 2: 1.0}, {1: 3.0})
+    assert tables.tokens_schedule_table(ctx, long, short, ((400, 100),)) == \
+        "Not yet: 4× a4 − b4 at step 100 on every seed of 1–2.\n"
