@@ -1047,22 +1047,19 @@ def tokens_schedule_table(ctx, long, short, points):
     mean of the seed-by-seed differences, with its 95% interval: outside any Holm family."""
     seeds = [s for s in long['seeds'] if s in short['seeds']]
     L, R = long['label'], short['label']
-    gaps = {}
-    for at_long, at_short in points:
-        for c, step in ((long, at_long), (short, at_short)):
-            gaps[c['label'], step] = found = point_gaps(ctx, c, step)
-            if any(s not in found for s in seeds):
-                where = 'its end' if step == 'end' else f'step {step}'
-                return (f"Not yet: {pair_name(c)} at {where} on every seed of "
-                        f"{seeds[0]}–{seeds[-1]}.\n")
     rows = md.head(f'step ({L}, {R})', f'tokens ({L}, {R})', f'LR, % of peak ({L}, {R})',
                    'matched', f"{L} gap [95%]", f"{R} gap [95%]",
                    f"{L} − {R}, points of % [95%]", 't p', f'{L} gap larger on')
     for at_long, at_short in points:
+        a, b = point_gaps(ctx, long, at_long), point_gaps(ctx, short, at_short)
+        for c, step, found in ((long, at_long, a), (short, at_short, b)):
+            if any(s not in found for s in seeds):
+                where = 'its end' if step == 'end' else f'step {step}'
+                return (f"Not yet: {pair_name(c)} at {where} on every seed of "
+                        f"{seeds[0]}–{seeds[-1]}.\n")
         (tl, fl, ll), (ts, fs, ls) = (schedule_point(ctx, long, at_long),
                                       schedule_point(ctx, short, at_short))
         matched = 'tokens' if tl == ts else 'point of the schedule' if fl == fs else '–'
-        a, b = gaps[L, at_long], gaps[R, at_short]
         moves = [a[s] - b[s] for s in seeds]
         rows.append(f"| {at_long}, {at_short} | {tl / 1e6:.2f}M, {ts / 1e6:.2f}M | {ll:.1f}, "
                     f"{ls:.1f} | {matched} | {interval_cell([a[s] for s in seeds])} | "
@@ -1076,6 +1073,7 @@ def tokens_schedule_table(ctx, long, short, points):
             "a 95% interval, unadjusted and outside the Holm family. The LR is the schedule's at "
             "the step, for the update after it. Each arm runs at its own peak LR for its "
             "budget.\n")
+
 
 def diag_gap(ctx, runs, step, key, layer):
     """{seed: the arm's logged diagnostic minus its reference's} at an evaluation step."""
