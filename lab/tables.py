@@ -142,10 +142,14 @@ def lr_rows(ctx, arms, lrs_of, states=False):
     return rows
 
 
-def tuning_table(ctx, arms=None):
+def tuning_table(ctx, arms=None, also=()):
+    """Each arm's tuning runs by LR, its selection, and whether the selection is bracketed. also:
+    phases whose runs of an arm at its tuning seeds join its rows (a bracket checked later)."""
     arms = arms or [a for a in ctx.s.arms if 'grid' in ctx.s.arm(a)]
     seeds = S.tuning_seeds(ctx.s, arms[0])
-    rows = lr_rows(ctx, arms, lambda arm: sorted({r.lr for r in ctx.tuning_runs(arm)}))
+    later = [r for phase in also for r in ctx.plan.phases.get(phase, ())]
+    rows = lr_rows(ctx, arms, lambda arm: sorted({r.lr for r in ctx.tuning_runs(arm)} |
+                                                 {r.lr for r in later if r.arm == arm}))
     out = md.head('arm', 'weight decay', 'peak LR', *(f"seed {s}" for s in seeds), 'mean', '')
     for r in rows:
         out.append(f"| {r['arm']} | {r['wd']:g} | {r['lr']:g} | " +
@@ -153,10 +157,19 @@ def tuning_table(ctx, arms=None):
                    f" | {fmt_loss(r['mean'])} | {'**selected**' if r['selected'] else ''} |")
     for arm in arms:
         if arm in ctx.plan.chosen:
-            lr, lrs = ctx.plan.chosen[arm][0], [r['lr'] for r in rows if r['arm'] == arm]
-            word = 'on the edge' if lr in (min(lrs), max(lrs)) else 'bracketed'
-            out.append(f"| {arm} | | {lr:g} | " + " | " * len(seeds) + f" | {word} |")
+            lr = ctx.plan.chosen[arm][0]
+            out.append(f"| {arm} | | {lr:g} | " + " | " * len(seeds) +
+                       f" | {bracket_word(rows, arm, lr)} |")
     return '\n'.join(out) + '\n'
+
+
+def bracket_word(rows, arm, lr):
+    """Whether the selected LR has a finished LR on either side, and if so, whether it is the
+    lowest (a selection kept by a margin need not be)."""
+    means = {r['lr']: r['mean'] for r in rows if r['arm'] == arm and r['mean'] is not None}
+    if lr in (min(means), max(means)):
+        return 'on the edge'
+    return 'bracketed' if means[lr] == min(means.values()) else 'bracketed; another LR is lower'
 
 
 def wd_lr_tuning_table(ctx, arms):

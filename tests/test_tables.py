@@ -411,3 +411,37 @@ def test_the_tokens_schedule_table_waits_for_every_shared_seed_of_either_pair():
     ctx = budgets_ctx({1: 1.0, 2: 1.0}, {1: 3.0})
     assert tables.tokens_schedule_table(ctx, long, short, ((400, 100),)) == \
         "Not yet: 4× a4 − b4 at step 100 on every seed of 1–2.\n"
+
+
+class Bracket:
+    """A context whose arm was checked at 2e-3 and 2.83e-3 on seed 201, 2.83e-3 kept, and a later
+    phase's run at 4e-3 (v6's 16x LRs bracketed after the check)."""
+
+    def __init__(self, later_loss):
+        from lab.plan import Run
+        self.s = type('Study', (), dict(arms={'arm': {}}, arm=lambda self, a: dict(
+            weight_decay=0.1, grid=(2e-3, 2.83e-3)), tuning_of=lambda self, a: dict(
+            seeds=(201,))))()
+        self.later = Run('arm', 4e-3, 0.1, 201)
+        self.plan = type('Plan', (), dict(chosen={'arm': (2.83e-3, 0.1)},
+                                          phases={'bracket': [self.later]}))()
+        self.checked = [Run('arm', lr, 0.1, 201) for lr in (2e-3, 2.83e-3)]
+        self.results = {self.checked[0].name: 1.0034, self.checked[1].name: 1.0032}
+        if later_loss is not None:
+            self.results[self.later.name] = later_loss
+
+    def tuning_runs(self, arm):
+        return self.checked
+
+
+def test_a_later_phase_can_bracket_a_selection_and_the_table_says_whether_it_holds():
+    def last(ctx, also=('bracket',)):
+        return tables.tuning_table(ctx, also=also).splitlines()[-1]
+    assert last(Bracket(1.0050), also=()) == "| arm | | 0.00283 |  |  | on the edge |"
+    waiting = tables.tuning_table(Bracket(None), also=('bracket',))
+    assert "| arm | 0.1 | 0.004 | - | - |  |" in waiting
+    assert last(Bracket(None)) == "| arm | | 0.00283 |  |  | on the edge |"  # not finished yet
+    assert last(Bracket(1.0050)) == "| arm | | 0.00283 |  |  | bracketed |"
+    assert last(Bracket(1.0010)).endswith("| bracketed; another LR is lower |")
+    assert "| arm | 0.1 | 0.004 | 1.0010 | 1.0010 |  |" in tables.tuning_table(
+        Bracket(1.0010), also=('bracket',))

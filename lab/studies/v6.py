@@ -60,6 +60,12 @@ phases = [
     dict(name='test query', kind='at', arms=('query16_anneal4x_wd0.1',), seeds=TEST),
     dict(name='test 16x', kind='at', arms=('baseline_anneal16x', 'identity_anneal16x_wd0.1'),
          seeds=TEST_16X),
+    # an amendment after the 16x reading: each arm's 16x LR bracketed on seed 201, the step
+    # the check left out (a check of j's sensitivity to the LRs, not a new selection)
+    dict(name='bracket 16x', kind='at', arms=('baseline_anneal16x',), seeds=(201,),
+         lr_factors=(2 ** 0.5,)),
+    dict(name='bracket 16x', kind='at', arms=('identity_anneal16x_wd0.1',), seeds=(201,),
+         lr_factors=(2 ** -0.5,)),
     dict(name='tuning nonlinear', kind='tune', arms=('nonlinear_anneal4x_wd0.1',)),
     dict(name='test nonlinear', kind='at', arms=('nonlinear_anneal4x_wd0.1',), seeds=TEST),
 ]
@@ -90,7 +96,7 @@ tables = dict(
     v6_attention=dict(kind='attention_lag', pair=PAIRS[0], steps=(100, 200, 400, 800, 1600, 4800),
                       threshold=THRESHOLDS[0]),
     v6_check=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun_v6'),
-    v6_check_16x=dict(kind='tuning', arms=(B16, I16)),
+    v6_check_16x=dict(kind='tuning', arms=(B16, I16), also=('bracket 16x',)),
     v6_tuning_query=dict(kind='tuning', arms=(Q4, N4)),
     v6_query=dict(kind='decisions', comparisons=[K], family=FAMILY, margin=0.5, beside=BESIDE,
                   one_level=True),
