@@ -148,8 +148,8 @@ def tuning_table(ctx, arms=None, also=()):
     arms = arms or [a for a in ctx.s.arms if 'grid' in ctx.s.arm(a)]
     seeds = S.tuning_seeds(ctx.s, arms[0])
     later = [r for phase in also for r in ctx.plan.phases.get(phase, ())]
-    rows = lr_rows(ctx, arms, lambda arm: sorted({r.lr for r in ctx.tuning_runs(arm)} |
-                                                 {r.lr for r in later if r.arm == arm}))
+    rows = lr_rows(ctx, arms, lambda arm: sorted({r.lr for r in ctx.tuning_runs(arm)} | {
+        r.lr for r in later if r.arm == arm and r.seed in S.tuning_seeds(ctx.s, arm)}))
     out = md.head('arm', 'weight decay', 'peak LR', *(f"seed {s}" for s in seeds), 'mean', '')
     for r in rows:
         out.append(f"| {r['arm']} | {r['wd']:g} | {r['lr']:g} | " +
