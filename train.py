@@ -39,7 +39,8 @@ from model import ACTIVATIONS, GPT, QUERY_MODES, GPTConfig, upgrade_query
 DEFAULTS = dict(
     # run: where it goes, what it logs and keeps
     out_dir='out',  # checkpoints, log.jsonl and config.json of the run
-    init_from='scratch',  # scratch, resume, auto (resume if a checkpoint), gpt2..gpt2-xl, a folder
+    init_from='scratch',  # scratch, resume, auto (resume if a checkpoint), gpt2..gpt2-xl, a GPT-2
+    # folder, or a checkpoint file (a run's ckpt_<step>.pt): a branch that continues it here
     overwrite=False,  # True: init_from='scratch' may start over an out_dir holding a checkpoint
     eval_interval=1000,  # steps between evaluations (and checkpoints)
     eval_iters=200,  # batches per split in each evaluation
@@ -75,9 +76,12 @@ DEFAULTS = dict(
     # schedule
     max_iters=105002,  # steps to train: the run stops when iter_num reaches it (the authors')
     decay_lr=True,  # False: the peak learning rate throughout
+    lr_schedule='cosine',  # after warmup: cosine, or wsd (warmup-stable-decay: flat, then cool)
     warmup_iters=2000,  # linear warmup steps
     lr_decay_iters=600000,  # the cosine reaches min_lr here (past max_iters: the run ends before)
-    min_lr=6e-5,  # the cosine's floor
+    min_lr=6e-5,  # the floor: the cosine's, or where the wsd cooldown ends
+    cooldown_frac=0.2,  # wsd: the last fraction of max_iters that cools down from the peak
+    cooldown_shape='linear',  # wsd: linear, or 1-sqrt (peak - (peak - min_lr) * sqrt(progress))
     # system
     device=None,  # None: cuda when available, else cpu
     dtype=None,  # None: bfloat16 on cuda where native, float16 on older GPUs, float32 on cpu
@@ -94,6 +98,7 @@ TYPES = dict(
     field_kinds(GPTConfig), query=Kind(str, QUERY_MODES), pos=Kind(str, ('learned', 'rope')),
     activation=Kind(str, tuple(ACTIVATIONS)), device=Kind('device'), dtype=Kind(str, DTYPES),
     compile=Kind(bool), backend=Kind(str, ('nccl', 'gloo')), probe=Kind(str),
+    lr_schedule=Kind(str, ('cosine', 'wsd')), cooldown_shape=Kind(str, ('linear', '1-sqrt')),
     wandb_run_name=Kind(str), hellaswag=Kind(str), hellaswag_items=Kind(int, optional=True))
 
 
@@ -107,6 +112,8 @@ def settings(argv=None):
                 'log_interval', 'gradient_accumulation_steps'):
         if c[key] < (0 if key == 'max_iters' else 1):
             raise UserError(f"{key} must be positive, got {c[key]}")
+    if not 0 <= c['cooldown_frac'] <= 1:
+        raise UserError(f"cooldown_frac must be between 0 and 1, got {c['cooldown_frac']}")
     if not all(isinstance(k, int) and k > 0 for k in c['keep_checkpoints']):
         raise UserError("keep_checkpoints must be a tuple of positive steps, "
                         f"got {c['keep_checkpoints']!r}")
@@ -155,16 +162,24 @@ def model_settings(ckpt):
     return {k: v for k, v in ckpt['model_args'].items() if k != 'block_size'}
 
 
+def checkpoint_path(c):
+    """The checkpoint a run continues: out_dir's on a resume, or the file it branches from."""
+    return os.path.join(c['out_dir'], 'ckpt.pt') if c['init_from'] == 'resume' else c['init_from']
+
+
 def build_model(c, meta, master):
-    """(model, checkpoint or None) for init_from = scratch | resume | gpt2* or a GPT-2 folder."""
+    """(model, checkpoint or None) for init_from = scratch | resume | a checkpoint file (a branch)
+    | gpt2* or a GPT-2 folder."""
     ckpt = None
     if c['init_from'] == 'scratch':
         with model_errors('bad model config'):
             model = GPT(GPTConfig(**model_args_from(c, meta)), verbose=master)
-    elif c['init_from'] == 'resume':
-        model, ckpt = model_from_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'), verbose=master)
-        check_same_data(ckpt.get('meta'), meta, f"{c['out_dir']}/ckpt.pt",
-                                f"{c['data_root']}/{c['dataset']}")
+    elif c['init_from'] == 'resume' or os.path.isfile(c['init_from']):
+        path = checkpoint_path(c)
+        model, ckpt = model_from_checkpoint(path, verbose=master)
+        check_same_data(ckpt.get('meta'), meta, path, f"{c['data_root']}/{c['dataset']}")
+        if c['init_from'] != 'resume' and master:
+            check_branch(ckpt.get('config'), c, ckpt['iter_num'], path)
         ours = model_settings(ckpt)
         changed = [k for k, v in ours.items() if c.get(k) is not None and c[k] != v]
         if changed and master:
@@ -178,19 +193,47 @@ def build_model(c, meta, master):
 
 
 # -----------------------------------------------------------------------------
-# the learning rate: linear warmup, then a cosine to min_lr
+# the learning rate: linear warmup, then a cosine to min_lr, or flat and a cooldown (wsd)
 
 def get_lr(it, c):
-    """The authors stop at step ~105k of a 600k cosine, so their runs end at 93.6% of the peak."""
+    """The authors stop at step ~105k of a 600k cosine, so their runs end at 93.6% of the peak.
+    wsd holds the peak until cooldown_start(c), then cools to min_lr at max_iters: every step
+    before the cooldown is the same whatever max_iters is, so a run to max_iters can branch off a
+    longer run's checkpoint at cooldown_start (init_from=<its ckpt_<step>.pt>)."""
     if not c['decay_lr']:
         return c['learning_rate']
     if it < c['warmup_iters']:
         return c['learning_rate'] * (it + 1) / (c['warmup_iters'] + 1)
+    if c.get('lr_schedule') == 'wsd':  # .get: an older run's settings have no such key
+        start = cooldown_start(c)
+        if it < start:
+            return c['learning_rate']
+        progress = min(1.0, (it - start) / max(1, c['max_iters'] - start))
+        cool = progress if c['cooldown_shape'] == 'linear' else math.sqrt(progress)
+        return c['learning_rate'] - cool * (c['learning_rate'] - c['min_lr'])
     if it > c['lr_decay_iters']:
         return c['min_lr']
     ratio = (it - c['warmup_iters']) / max(1, c['lr_decay_iters'] - c['warmup_iters'])
     cosine = 0.5 * (1.0 + math.cos(math.pi * ratio))
     return c['min_lr'] + cosine * (c['learning_rate'] - c['min_lr'])
+
+
+def cooldown_start(c):
+    """The first step of wsd's cooldown: the last cooldown_frac of max_iters."""
+    return c['max_iters'] - round(c['cooldown_frac'] * c['max_iters'])
+
+
+def check_branch(source, c, step, path):
+    """A branch continues a run exactly as that run's own schedule would have taken it to max_iters
+    only if both schedules agree on every step before the checkpoint: say so when they do not."""
+    if not isinstance(source, dict) or not all(k in source for k in ('learning_rate', 'max_iters')):
+        return
+    source = dict(DEFAULTS, **source)
+    differ = next((it for it in range(step) if get_lr(it, source) != get_lr(it, c)), None)
+    if differ is not None:
+        print(f"note: {path} was trained with another learning rate at step {differ} "
+              f"({get_lr(differ, source):.3g} against {get_lr(differ, c):.3g} here): this "
+              "branch is not the run its settings would make from scratch")
 
 
 # -----------------------------------------------------------------------------
@@ -456,7 +499,7 @@ def save(run, reason, name='ckpt.pt'):
 def restore(run, ckpt):
     if 'optimizer' in ckpt:
         load_optimizer_state(run.optimizer, run.model, ckpt['optimizer'],
-                             os.path.join(run.settings['out_dir'], 'ckpt.pt'))
+                             checkpoint_path(run.settings))
     elif run.process.master:
         print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a "
               "fresh AdamW")

@@ -101,8 +101,9 @@ def load_optimizer_state(optimizer, model, state, path):
 # the resume policy, and one run per out_dir
 
 def resolve_init(c, master):
-    """init_from with 'auto' resolved. A run that would start from scratch over an existing
-    checkpoint is refused, so repeating a command never silently replaces a run."""
+    """init_from with 'auto' resolved. A run that would start from scratch, or branch off another
+    run's checkpoint file, over an existing checkpoint is refused, so repeating a command never
+    silently replaces a run."""
     path = os.path.join(c['out_dir'], 'ckpt.pt')
     exists = os.path.exists(path)
     if c['init_from'] == 'auto':
@@ -110,7 +111,10 @@ def resolve_init(c, master):
             print("init_from=auto: " + (f"resuming from {path}" if exists else
                                         f"no checkpoint in {c['out_dir']}, starting from scratch"))
         return 'resume' if exists else 'scratch'
-    if c['init_from'] == 'scratch' and exists and not c['overwrite']:
+    # a fresh start (from scratch, or a branch off another run's checkpoint file)
+    fresh = c['init_from'] == 'scratch' or os.path.isfile(c['init_from'])
+    if fresh and exists and not c['overwrite'] and os.path.abspath(c['init_from']) != \
+            os.path.abspath(path):
         try:
             step = f" at iter {load_checkpoint(path, mmap=True)['iter_num']}"
         except (UserError, KeyError):

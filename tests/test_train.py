@@ -274,6 +274,69 @@ def test_lr_schedule():
     assert train.get_lr(500, c) == 0.1
 
 
+WSD = dict(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=7, decay_lr=True,
+           lr_schedule='wsd', max_iters=100, cooldown_frac=0.2, cooldown_shape='linear')
+
+
+def test_wsd_schedule_warms_up_holds_the_peak_then_cools_to_min_lr_by_max_iters():
+    lr = [train.get_lr(it, WSD) for it in range(100)]
+    assert lr[:10] == pytest.approx([(it + 1) / 11 for it in range(10)])  # cosine's warmup
+    assert lr[10:80] == [1.0] * 70  # lr_decay_iters plays no part
+    assert lr[80:] == pytest.approx([1.0 - 0.9 * k / 20 for k in range(20)])
+    assert train.get_lr(100, WSD) == pytest.approx(0.1)  # the end of the cooldown: min_lr
+    root = [train.get_lr(it, dict(WSD, cooldown_shape='1-sqrt')) for it in range(80, 100)]
+    assert root == pytest.approx([1.0 - 0.9 * (k / 20) ** 0.5 for k in range(20)])
+    assert train.get_lr(5000, dict(WSD, decay_lr=False)) == 1.0
+
+
+def test_a_wsd_branch_has_the_longer_runs_lr_at_every_step_before_its_cooldown():
+    """A branch to 2x with a 20% cooldown starts cooling at step 1920: each step before it has the
+    32x run's LR, each after it its own, falling linearly from the peak to min_lr."""
+    stable, branch = dict(WSD, max_iters=38400), dict(WSD, max_iters=2400)
+    assert train.cooldown_start(branch) == 1920 and train.cooldown_start(stable) == 30720
+    assert all(train.get_lr(it, branch) == train.get_lr(it, stable) for it in range(1920))
+    assert [train.get_lr(it, branch) for it in range(1920, 2400)] == pytest.approx(
+        [1.0 - 0.9 * k / 480 for k in range(480)])
+    assert train.get_lr(1920, stable) == 1.0 and train.get_lr(2399, branch) < 0.102
+
+
+def test_a_branch_off_a_kept_checkpoint_equals_the_same_schedule_run_straight_through(
+        data_root, tmp_path, capsys):
+    """The stable run to 40 steps keeps ckpt_10.pt; a branch from it to 20 steps (its cooldown
+    from step 10) matches, bit for bit, the 20-step run made from scratch, dropout on."""
+    wsd = dict(lr_schedule='wsd', cooldown_frac=0.5, eval_interval=5)
+    run(data_root, tmp_path / 'stable', max_iters=40, keep_checkpoints=(10, 20), **wsd)
+    assert sorted(p.name for p in (tmp_path / 'stable').glob('ckpt_*.pt')) == [
+        'ckpt_10.pt', 'ckpt_20.pt']
+    straight = run(data_root, tmp_path / 'straight', max_iters=20, **wsd)
+    kept = str(tmp_path / 'stable' / 'ckpt_10.pt')
+    branch = run(data_root, tmp_path / 'branch', max_iters=20, init_from=kept, **wsd)
+    assert branch[0]['iter'] == 10  # the branch's log starts at its checkpoint's step
+    # every line of the straight run from the evaluation at step 10 on (step 10's own log line is
+    # the stable run's), bit for bit
+    assert losses(branch) == [e for e in losses(straight) if e['iter'] > 10 or 'val_loss' in e
+                              and e['iter'] == 10]
+    assert [e['lr'] for e in branch if 'lr' in e][-1] < 1e-2 * 0.2  # it cooled down
+    assert_same_state(final_state(tmp_path / 'straight'), final_state(tmp_path / 'branch'))
+    assert 'note:' not in capsys.readouterr().out  # the schedules agree before step 10
+    with pytest.raises(UserError, match='already holds a checkpoint at iter 20'):
+        run(data_root, tmp_path / 'branch', max_iters=20, init_from=kept, **wsd)
+    # a branch whose peak differs from its source's before the checkpoint says so
+    run(data_root, tmp_path / 'other', max_iters=20, init_from=kept, learning_rate=5e-3, **wsd)
+    assert 'was trained with another learning rate at step 0' in capsys.readouterr().out
+
+
+def test_wsd_settings_are_checked_and_documented(capsys):
+    with pytest.raises(UserError, match='cooldown_frac must be between 0 and 1, got 1.5'):
+        train.settings(['--cooldown_frac=1.5'])
+    with pytest.raises(UserError, match="lr_schedule must be one of cosine, wsd, got 'wsdd'"):
+        train.settings(['--lr_schedule=wsdd'])
+    with pytest.raises(SystemExit):
+        train.settings(['--help'])
+    text = capsys.readouterr().out
+    assert 'warmup-stable-decay' in text and 'cooldown_frac' in text and '1-sqrt' in text
+
+
 def test_eval_only_evaluates_and_writes_nothing(data_root, tmp_path, capsys):
     run(data_root, tmp_path, max_iters=10)
     good = (tmp_path / 'ckpt.pt').read_bytes()
