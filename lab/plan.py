@@ -7,7 +7,7 @@ import json
 import math
 import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvgpt.config import parse_value, variant_settings
 from kvgpt.errors import UserError
@@ -31,7 +31,7 @@ STUDY_KEYS = dict(
 )
 ARM_KEYS = {'variant', 'weight_decay', 'lr', 'grid', 'settings', 'tuning'}
 PHASE_KEYS = {'name', 'kind', 'arms', 'seeds', 'budget', 'init_std', 'dtype', 'tag', 'lr_factors',
-              'settings', 'above', 'steps'}
+              'settings', 'above', 'steps', 'branches', 'lr'}
 TUNING = dict(seeds=(), step=2 ** 0.5, extend=3, anchor=2e-3, wd_grid=None, wd_step=None,
               lr_start=None, keep=None, margin=0.0)
 
@@ -95,13 +95,27 @@ def check_study(s):
     for phase in s.phases:
         bad = set(phase) - PHASE_KEYS
         missing = [a for a in phase.get('arms', ()) if a not in s.arms]
-        if bad or missing or phase.get('kind') not in ('tune', 'at', 'climb'):
-            raise UserError(f"{where}: phase {phase.get('name')!r}: kind must be tune, at or "
-                            f"climb; unknown keys {sorted(bad)}; unknown arms {missing}")
+        if bad or missing or phase.get('kind') not in ('tune', 'at', 'climb', 'wsd'):
+            raise UserError(f"{where}: phase {phase.get('name')!r}: kind must be tune, at, climb "
+                            f"or wsd; unknown keys {sorted(bad)}; unknown arms {missing}")
+        if phase['kind'] == 'wsd':
+            check_wsd(s, phase)
     for path in s.base:
         if not os.path.isfile(path):
             raise UserError(f"{where}: base config '{path}' not found (run from the repository "
                             "root)")
+
+
+def check_wsd(s, phase):
+    """A wsd phase: arms on lr_schedule='wsd', and branches shorter than its stable run."""
+    where = f"{s.path}: phase {phase['name']!r}"
+    if not isinstance(phase.get('steps'), int) or not all(
+            isinstance(b, int) and 0 < b < phase['steps'] for b in phase.get('branches', ())):
+        raise UserError(f"{where}: a wsd phase names its stable run's steps and the shorter "
+                        "branches off it (steps=38400, branches=(2400, 4800))")
+    plain = [a for a in phase['arms'] if s.arm(a).get('settings', {}).get('lr_schedule') != 'wsd']
+    if plain:
+        raise UserError(f"{where}: arm(s) {', '.join(plain)} do not set lr_schedule='wsd'")
 
 
 def arms_before(s, arm):
@@ -122,10 +136,15 @@ class Run:
     init_std: float = None  # None: the base's
     dtype: str = None  # None: the base's
     tag: str = None  # a repeat of a run under another name (a check on another machine)
+    steps: int = None  # max_iters, every other setting the arm's (a wsd budget); None: the arm's
+    # (the run's name, step) whose ckpt_<step>.pt this wsd run branches off; it computes the same
+    # as the run made from scratch (train.py's test), so it is not part of the name
+    source: tuple = field(default=None, compare=False)
 
     @property
     def name(self):
         extra = ((f"_b{self.budget:g}" if self.budget != 1 else "")
+                 + (f"_i{self.steps}" if self.steps else "")
                  + (f"_std{self.init_std:g}" if self.init_std else "")
                  + (f"_{self.dtype}" if self.dtype else "")
                  + (f"_{self.tag}" if self.tag else ""))
@@ -251,12 +270,42 @@ def phase_runs(s, phase, results, chosen, tuning):
     if kind == 'climb':
         return [Run(a, lr, s.arm(a)['weight_decay'], seed) for a in arms
                 for lr in climb_lrs(s, phase, a, results) for seed in phase['seeds']]
+    if kind == 'wsd':
+        return wsd_runs(s, phase, chosen)
     extra = dict(budget=phase.get('budget', 1.0), init_std=phase.get('init_std'),
                  dtype=phase.get('dtype'), tag=phase.get('tag'))
     factors = phase.get('lr_factors', (1,))
     # seed by seed, so that a phase cut short stays paired
     return [Run(a, chosen[a][0] if f == 1 else grid_value(chosen[a][0] * f), chosen[a][1], seed,
                 **extra) for seed in phase['seeds'] for a in arms if a in chosen for f in factors]
+
+
+def wsd_runs(s, phase, chosen):
+    """Seed by seed, each arm's stable run to `steps` and its branches, each off the stable run's
+    checkpoint at the step its own cooldown starts (train.cooldown_start); at the phase's lr, or
+    the arm's selection once it is tuned."""
+    runs = []
+    for seed in phase['seeds']:
+        for a in (a for a in phase['arms'] if a in chosen or phase.get('lr')):
+            lr, wd = phase.get('lr') or chosen[a][0], s.arm(a).get('weight_decay')
+            stable = Run(a, lr, wd, seed, steps=steps_name(s, a, phase['steps']))
+            runs.append(stable)
+            settings = s.arm(a)['settings']
+            for b in phase.get('branches', ()):
+                start = train.cooldown_start(dict(settings, max_iters=b))
+                runs.append(Run(a, stable.lr, stable.wd, seed, steps=steps_name(s, a, b),
+                                source=(stable.name, start)))
+    return runs
+
+
+def steps_name(s, arm, steps):
+    """steps as a Run names it: None at the arm's own max_iters (the same run as the arm's)."""
+    return None if s.arm(arm).get('settings', {}).get('max_iters') == steps else steps
+
+
+def keep_steps(p, run):
+    """The steps whose checkpoints the run keeps: where the branches off it start."""
+    return tuple(sorted({r.source[1] for r in p.order if r.source and r.source[0] == run.name}))
 
 
 def plan(s, results):
@@ -275,8 +324,13 @@ def plan(s, results):
         order += runs
         for r in runs:
             settings.setdefault(r.name, phase.get('settings', {}))
-    return Plan({k: list(dict.fromkeys(v)) for k, v in phases.items()}, chosen, waiting, settings,
-                list(dict.fromkeys(order)))
+    p = Plan({k: list(dict.fromkeys(v)) for k, v in phases.items()}, chosen, waiting, settings,
+             list(dict.fromkeys(order)))
+    for run in p.order:  # a wsd stable run keeps the checkpoints its branches start from
+        keep = keep_steps(p, run)
+        if keep:
+            settings[run.name] = dict(settings[run.name], keep_checkpoints=keep)
+    return p
 
 
 # -----------------------------------------------------------------------------
@@ -299,7 +353,7 @@ def value_text(v):
     return v if isinstance(v, str) and parse_value(v) == v else repr(v)
 
 
-def train_args(s, run, base, work, logging=None):
+def train_args(s, run, base, work, logging=None, init_from='auto'):
     """train.py's arguments for a run: base files, arm, then what the run names (LR, weight decay,
     seed, budget, init std, dtype), then its phase's logging settings (which change what is
     logged, never what is computed: a run's name does not carry them)."""
@@ -310,22 +364,41 @@ def train_args(s, run, base, work, logging=None):
         at = dict(base, **s.arm(run.arm).get('settings', {}))
         args += [f"--{k}={max(1, round(at[k] * run.budget))}"
                  for k in ('max_iters', 'warmup_iters', 'lr_decay_iters')]
+    if run.steps:
+        args.append(f'--max_iters={run.steps}')
     if run.init_std:
         args.append(f'--init_std={run.init_std!r}')
     if run.dtype:
         args.append(f'--dtype={run.dtype}')
     args += [f'--{k}={value_text(v)}' for k, v in (logging or {}).items()]
-    return args + ['--init_from=auto']
+    return args + [f'--init_from={init_from}']
 
 
 def work_dir(c, s, run):
-    return os.path.normpath(os.path.join(c['work_root'], f'out-{s.name}', run.name))
+    return work_of(c, s, run.name)
 
 
-def shell_line(c, s, run, base, logging):
+def work_of(c, s, name):
+    return os.path.normpath(os.path.join(c['work_root'], f'out-{s.name}', name))
+
+
+def init_from(c, s, run, results):
+    """How the run starts now: 'auto' (from scratch, or its own checkpoint), a wsd branch's
+    source checkpoint, or None while that checkpoint is still to come. A branch whose source has
+    finished without leaving the checkpoint (another machine's) runs from scratch: the same run."""
+    if run.source is None or os.path.exists(os.path.join(work_dir(c, s, run), 'ckpt.pt')):
+        return 'auto'
+    name, step = run.source
+    kept = os.path.join(work_of(c, s, name), f'ckpt_{step}.pt')
+    if os.path.exists(kept):
+        return kept
+    return 'auto' if name in results else None
+
+
+def shell_line(c, s, run, base, logging, start='auto'):
     """One run as a line of shell, from the repository root: it resumes if it was stopped."""
     work = work_dir(c, s, run)
-    args = ' '.join(shlex.quote(a) for a in train_args(s, run, base, work, logging))
+    args = ' '.join(shlex.quote(a) for a in train_args(s, run, base, work, logging, start))
     threads = f"OMP_NUM_THREADS={c['threads']} " if c['threads'] else ''
     w = shlex.quote(work)
     return f"mkdir -p {w} && {threads}python train.py {args} >> {w}/stdout.txt 2> {w}/stderr.txt"

@@ -30,8 +30,8 @@ import time
 from kvgpt.config import Kind, parse_config
 from kvgpt.errors import UserError, run_main
 from lab import docs
-from lab.plan import (base_config, check_reused, commit_run, load_study, plan, results_of, reused
-                      as plan_reused, shell_line, train_args, work_dir)
+from lab.plan import (base_config, check_reused, commit_run, init_from, load_study, plan,
+                      results_of, reused as plan_reused, shell_line, train_args, work_dir)
 
 DEFAULTS = dict(
     jobs=1,  # runs at a time on this machine
@@ -56,7 +56,7 @@ def pending(s, root):
     return [r for r in p.order if r.name not in results], p, results, folders
 
 
-def start(run, c, s, base, logging):
+def start(run, c, s, base, logging, init='auto'):
     work = work_dir(c, s, run)
     os.makedirs(work, exist_ok=True)
     print(f"{time.strftime('%H:%M:%S')} start {run.name}", flush=True)
@@ -65,7 +65,7 @@ def start(run, c, s, base, logging):
     with open(os.path.join(work, 'stdout.txt'), 'a') as out, \
             open(os.path.join(work, 'stderr.txt'), 'w') as err:
         return subprocess.Popen([sys.executable, 'train.py',
-                                 *train_args(s, run, base, work, logging)],
+                                 *train_args(s, run, base, work, logging, init)],
                                 stdout=out, stderr=err, env=env)
 
 
@@ -88,9 +88,11 @@ def finish(run, c, s):
 
 def run_all(c, s):
     """Start runs as slots free up, planning again after each one ends (a finished tuning run can
-    name the next); a run that stops without finishing is not retried in this invocation. SIGTERM
-    or SIGINT stops the runner cleanly: each running train.py gets SIGTERM, saves its checkpoint
-    and exits, and the next invocation resumes it."""
+    name the next); a run that stops without finishing is not retried in this invocation. A wsd
+    branch starts as soon as its source run has written the checkpoint it starts from, beside the
+    `jobs` runs (it is short, and its budget's result comes early). SIGTERM or SIGINT stops the
+    runner cleanly: each running train.py gets SIGTERM, saves its checkpoint and exits, and the
+    next invocation resumes it."""
     base, running, stopped, signals, checked = base_config(s), {}, set(), [], set()
     handlers = {n: signal.signal(n, lambda signum, frame: signals.append(signum))
                 for n in (signal.SIGTERM, signal.SIGINT)}
@@ -98,21 +100,29 @@ def run_all(c, s):
     try:
         while True:
             if replan:
-                todo, p, _, folders = pending(s, c['root'])
+                todo, p, results, folders = pending(s, c['root'])
                 check_reused(s, p, folders, base, c['root'], checked)
                 todo = [r for r in todo if r not in running and r not in stopped]
                 replan = False
-            while todo and len(running) < c['jobs'] and not signals:
-                run = todo.pop(0)
-                running[run] = start(run, c, s, base, p.settings[run.name])
+            for run in list(todo):
+                if signals:
+                    break
+                init = init_from(c, s, run, results)
+                branching = init not in (None, 'auto')
+                jobs = sum(not branched for _, branched in running.values())
+                if init is None or (not branching and jobs >= c['jobs']):
+                    continue
+                todo.remove(run)
+                running[run] = (start(run, c, s, base, p.settings[run.name], init), branching)
             if signals:
                 return stop_runs(running, c, s)
             if not running:
-                print("nothing left to run" if not p.waiting and not stopped else
-                      f"stopped: {len(stopped)} run(s) did not finish; run again to resume them")
+                print("nothing left to run" if not p.waiting and not stopped and not todo else
+                      f"stopped: {len(stopped)} run(s) did not finish, {len(todo)} wait for "
+                      "them; run again to resume them")
                 return
             time.sleep(2)
-            for run, proc in list(running.items()):
+            for run, (proc, _) in list(running.items()):
                 if proc.poll() is not None:
                     del running[run]
                     replan = True
@@ -125,10 +135,10 @@ def run_all(c, s):
 
 def stop_runs(running, c, s):
     """SIGTERM to every running train.py, then wait while each saves its checkpoint and exits."""
-    for proc in running.values():
+    for proc, _ in running.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    for run, proc in running.items():
+    for run, (proc, _) in running.items():
         proc.wait()
         finish(run, c, s)
     print(f"stopped by a signal: {len(running)} run(s) saved their checkpoints; the same command "
@@ -145,19 +155,24 @@ def status(c, s):
         print(f"reused from {', '.join(s.reuse)}: {reused} committed runs of the names it plans")
     if p.waiting:
         print(f"still tuning: {', '.join(p.waiting)} (their later phases are named once it ends)")
-    print(f"to run now: {len(todo)}" + ("" if todo or p.waiting else " (nothing left to run)"))
-    for run in todo:
+    ready = [r for r in todo if init_from(c, s, r, results) is not None]
+    print(f"to run now: {len(ready)}" + ("" if todo or p.waiting else " (nothing left to run)"))
+    for run in ready:
         print(f"  {run.name}")
-    return todo
+    for run in (r for r in todo if r not in ready):
+        print(f"  waiting: {run.name} (branches off {run.source[0]} at step {run.source[1]})")
+    return ready
 
 
 def print_runs(c, s):
-    todo, p, _, folders = pending(s, c['root'])
+    todo, p, results, folders = pending(s, c['root'])
     base = base_config(s)
     check_reused(s, p, folders, base, c['root'])
-    for run in todo:
-        print(shell_line(c, s, run, base, p.settings[run.name]))
-    return todo
+    ready = [(r, init_from(c, s, r, results)) for r in todo]
+    ready = [(r, init) for r, init in ready if init is not None]  # a branch waits for its source
+    for run, init in ready:
+        print(shell_line(c, s, run, base, p.settings[run.name], init))
+    return [r for r, _ in ready]
 
 
 def collect(c, s):
