@@ -345,7 +345,7 @@ def test_the_runner_plans_again_only_when_a_run_ends(monkeypatch, capsys):
             return 0 if self.polls >= 5 else None
     monkeypatch.setattr(S, 'pending', pending)
     monkeypatch.setattr(S, 'check_reused', lambda *a: set())
-    monkeypatch.setattr(S, 'start', lambda run, c, s, base, logging: Proc())
+    monkeypatch.setattr(S, 'start', lambda run, c, s, base, logging, init: Proc())
     monkeypatch.setattr(S, 'finish', lambda run, c, s: done.add(run) or 'finished')
     monkeypatch.setattr(S.time, 'sleep', lambda seconds: None)
     monkeypatch.setattr(S, 'base_config', lambda s: {})
@@ -435,8 +435,8 @@ def test_a_signal_stops_the_runner_and_its_runs_save_their_checkpoints(data_root
             time.sleep(0.1)  # train.py has set its own handlers by its first logged step
         os.kill(os.getpid(), signal.SIGTERM)
 
-    def start_then_signal(run, c, s, base, logging):
-        proc = real_start(run, c, s, base, logging)
+    def start_then_signal(run, c, s, base, logging, init):
+        proc = real_start(run, c, s, base, logging, init)
         if run.seed == 1 and run.arm == 'baseline':
             threading.Thread(target=signal_once_training, args=(S.work_dir(c, s, run),),
                              daemon=True).start()
