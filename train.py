@@ -39,8 +39,7 @@ from model import ACTIVATIONS, GPT, QUERY_MODES, GPTConfig, upgrade_query
 DEFAULTS = dict(
     # run: where it goes, what it logs and keeps
     out_dir='out',  # checkpoints, log.jsonl and config.json of the run
-    init_from='scratch',  # scratch, resume, auto (resume if a checkpoint), gpt2..gpt2-xl, a GPT-2
-    # folder, or a checkpoint file (a run's ckpt_<step>.pt): a branch that continues it here
+    init_from='scratch',  # scratch, resume, auto, gpt2..gpt2-xl, a GPT-2 folder, a ckpt_<step>.pt
     overwrite=False,  # True: init_from='scratch' may start over an out_dir holding a checkpoint
     eval_interval=1000,  # steps between evaluations (and checkpoints)
     eval_iters=200,  # batches per split in each evaluation

@@ -29,7 +29,9 @@ TABLES = dict(tuning=tables.tuning_table, stability=tables.stability_table,
               pilot=tables.pilot_table, tokens_gaps=tables.tokens_gaps_table,
               onsets=tables.onsets_table, gap_steps=tables.gap_steps_table,
               attention_lag=tables.attention_lag_table,
-              tokens_schedule=tables.tokens_schedule_table)
+              tokens_schedule=tables.tokens_schedule_table, wsd_check=tables.wsd_check_table,
+              wsd_budgets=tables.wsd_budgets_table, wsd_trend=tables.wsd_trend_table,
+              wsd_cooldown=tables.wsd_cooldown_table)
 BLOCK = re.compile(r'(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)', re.S)
 
 

@@ -293,7 +293,40 @@ def onset_gaps_figure(ctx, path, comparison, threshold):
     return True
 
 
-FIGURES = dict(seed_gaps=seed_gaps_figure, trend=trend_figure, geometry=geometry_figure,
+def wsd_gaps_figure(ctx, path, pair, seeds, budgets, steps_1x, fit):
+    """The paired gap against the tokens, each seed a grey line, the mean with its 95% interval,
+    and the line fitted to the mean over the `fit` budgets."""
+    series = {b: tables.wsd_gaps(ctx, pair, seeds, b * steps_1x) for b in budgets}
+    if any(len(g) < 2 for g in series.values()):
+        return None
+    config = ctx.config(tables.wsd_run(ctx, pair[1], next(iter(series[budgets[0]])), budgets[0]
+                                       * steps_1x))
+    tokens = {b: S.tokens(dict(config, max_iters=b * steps_1x)) for b in budgets}
+    fig, ax = report.pyplot().subplots(figsize=(7, 4.5))
+    for seed in seeds:
+        points = [(tokens[b], series[b][seed]) for b in budgets if seed in series[b]]
+        ax.plot(*zip(*points), color='grey', alpha=0.5, lw=0.8, marker='.')
+    found = [stats.interval95(list(series[b].values())) for b in budgets]
+    ax.errorbar([tokens[b] for b in budgets], [m for m, _, _ in found],
+                yerr=[[m - lo for m, lo, _ in found], [hi - m for m, _, hi in found]],
+                color=report.variant_color(pair[0]), marker='o', capsize=4,
+                label="mean over seeds, 95% interval (grey: each seed)")
+    xs = [math.log2(b) for b in fit]
+    means = [m for b, (m, _, _) in zip(budgets, found) if b in fit]
+    b, mean_x = stats.slope(xs, means), sum(xs) / len(xs)
+    line = [sum(means) / len(means) + b * (x - mean_x) for x in xs]
+    ax.plot([tokens[f] for f in fit], line, color='black', ls='--', lw=1,
+            label=f"fitted over {fit[0]:g}×–{fit[-1]:g}×: {b:+.2f} points per doubling")
+    ax.axhline(0, color='black', lw=0.8)
+    ax.set(xscale='log', xlabel='byte tokens', ylabel=f'{pair[0]} − {pair[1]} (% of val loss)',
+           title='paired gap against the tokens: cooldown branches of one WSD run per seed')
+    ax.legend(fontsize=8)
+    report.save_figure(fig, path)
+    return True
+
+
+FIGURES = dict(wsd_gaps=wsd_gaps_figure, seed_gaps=seed_gaps_figure, trend=trend_figure,
+               geometry=geometry_figure,
                diagnostics=diagnostics_figure,
                stability=stability_figure, trajectory=trajectory_figure,
                induction=induction_figure, lag=lag_figure, logits=logits_figure,

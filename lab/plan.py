@@ -300,7 +300,9 @@ def wsd_runs(s, phase, chosen):
 
 def steps_name(s, arm, steps):
     """steps as a Run names it: None at the arm's own max_iters (the same run as the arm's)."""
-    return None if s.arm(arm).get('settings', {}).get('max_iters') == steps else steps
+    settings = s.arm(arm).get('settings', {})
+    own = settings['max_iters'] if 'max_iters' in settings else base_config(s)['max_iters']
+    return None if own == steps else steps
 
 
 def keep_steps(p, run):

@@ -932,8 +932,10 @@ def induction_table(ctx, arms, seeds, threshold, figure):
 # the heads form
 
 def pair_runs(ctx, c):
-    """{seed: (reference's run, arm's run)} of a comparison, or None until every seed is in."""
-    runs = {s: (ctx.at(c['ref'], s), ctx.at(c['arm'], s)) for s in c['seeds']}
+    """{seed: (reference's run, arm's run)} of a comparison, or None until every seed is in; a
+    comparison naming `steps` reads the arms' runs to that many steps (v7's stable runs)."""
+    runs = {s: tuple(wsd_run(ctx, a, s, c['steps']) if 'steps' in c else ctx.at(a, s)
+                     for a in (c['ref'], c['arm'])) for s in c['seeds']}
     return None if any(ctx.loss(x) is None for p in runs.values() for x in p) else runs
 
 
@@ -1285,3 +1287,187 @@ def pilot_table(ctx, folder):
             diff = pct(100 * (modern - plain) / plain) if both else '-'
             rows.append(f"| {arm} | {s} | {fmt(plain)} | {fmt(modern)} | {diff} |")
     return '\n'.join(rows) + '\n'
+
+
+# -----------------------------------------------------------------------------
+# v7: every budget from one warmup-stable-decay run per seed and arm (its cooldown branches)
+
+def wsd_run(ctx, arm, seed, steps, lr=None):
+    """The arm's wsd run to `steps` on seed: at lr, or at its selection once tuned; None until
+    then. A run to the arm's own max_iters carries no steps in its name (lab/plan.py)."""
+    lr = lr or (ctx.plan.chosen.get(arm) or (None,))[0]
+    if lr is None:
+        return None
+    steps = S.steps_name(ctx.s, arm, steps)
+    return S.Run(arm, lr, ctx.s.arm(arm)['weight_decay'], seed, steps=steps)
+
+
+def wsd_check_table(ctx, pairs, seed, lr, margin):
+    """Each (wsd arm, cosine arm, steps): the two runs' full val losses on one seed and LR, their
+    difference, and the design's rule: WSD stands in for the cosine runs if every difference is
+    within margin %."""
+    rows, diffs = md.head('arm', 'budget (steps)', 'WSD', 'cosine', 'WSD − cosine'), []
+    for wsd, cosine, steps in pairs:
+        a = ctx.loss(wsd_run(ctx, wsd, seed, steps, lr))
+        b = ctx.loss(S.Run(cosine, lr, ctx.s.arm(cosine)['weight_decay'], seed))
+        diff = None if a is None or b is None else 100 * (a - b) / b
+        diffs.append(diff)
+        rows.append(f"| {wsd} | {steps} | {fmt_loss(a)} | {fmt_loss(b)} | "
+                    f"{'-' if diff is None else pct(diff)} |")
+    if None in diffs:
+        word = f"Not yet: {len(diffs) - diffs.count(None)} of {len(diffs)} pairs of runs are in."
+    else:
+        within = all(abs(d) <= margin for d in diffs)
+        word = (f"Every difference is within ±{margin:g}%: by the design's rule WSD stands in for "
+                "the cosine runs." if within else f"Not every difference is within ±{margin:g}%:"
+                " by the design's rule v7 is read on its own terms.")
+    return '\n'.join(rows) + f"\n\nSeed {seed}, LR {lr:g}, full val loss. {word}\n"
+
+
+def wsd_gaps(ctx, pair, seeds, steps):
+    """{seed: paired gap %} of the pair's wsd runs to `steps`, on the seeds both have."""
+    arm, ref = pair
+    return stats.paired_gaps({s: ctx.loss(wsd_run(ctx, arm, s, steps)) for s in seeds},
+                             {s: ctx.loss(wsd_run(ctx, ref, s, steps)) for s in seeds})
+
+
+def wsd_budgets_table(ctx, pair, seeds, budgets, steps_1x, margin, below):
+    """The family: the paired gap at each budget (the seeds in so far), Holm over the budgets and
+    every interval at Bonferroni's level; per seed beside; and the first budget whose interval's
+    upper end is below `below` %."""
+    sets = [(b, wsd_gaps(ctx, pair, seeds, b * steps_1x)) for b in budgets]
+    found = [(b, g) for b, g in sets if len(g) >= 2]
+    if not found:
+        return "Not yet: no budget has two seeds of both arms.\n"
+    results = stats.compare([list(g.values()) for _, g in found], margin=margin,
+                            family=len(budgets), one_level=True)
+    rows = md.head('budget', 'seeds', 'paired gap, mean ± sd', 'interval (level)', 't p (Holm)',
+                   'resolution', 'verdict', 'per seed')
+    first = None
+    for (b, g), r in zip(found, results):
+        per_seed = ', '.join(f"{s}: {pct(x)}" for s, x in sorted(g.items()))
+        rows.append(f"| {b:g}× | {len(g)} | {gap_cells(r)} | {r['mde']:.2f}% | "
+                    f"{r['verdict']} | {per_seed} |")
+        if first is None and r['mean'] + r['half'] < below:
+            first = b
+    waiting = [f"{b:g}×" for b, g in sets if len(g) < len(seeds)]
+    note = (f" Not yet complete: {', '.join(waiting)} (a budget with fewer seeds is an interim "
+            "read; the missing budgets count as p = 1)." if waiting else "")
+    upper = (f"The first budget whose interval's upper end is below {pct(below)}: "
+             f"{'none' if first is None else f'{first:g}×'}.")
+    return ('\n'.join(rows) + f"\n\n{pair[0]} − {pair[1]}, full val loss, paired by seed. "
+            f"{upper}{note}\n")
+
+
+def wsd_slopes(ctx, pair, seeds, budgets, steps_1x):
+    """({seed: [gap % at each budget]}, {seed: slope per doubling}) for the seeds that have every
+    budget of the fit."""
+    series = {}
+    for seed in seeds:
+        gaps = [wsd_gaps(ctx, pair, (seed,), b * steps_1x).get(seed) for b in budgets]
+        if None not in gaps:
+            series[seed] = gaps
+    xs = [math.log2(b) for b in budgets]
+    return series, {s: stats.slope(xs, g) for s, g in series.items()}
+
+
+def crossing_budget(mean_gap, mean_x, slope):
+    """The x = log2(budget) where a line through (mean_x, mean_gap) with this slope reaches 0;
+    None when it never does ahead (a slope of 0 or of the gap's own sign)."""
+    if slope == 0 or (mean_gap > 0) == (slope > 0):
+        return None
+    return mean_x - mean_gap / slope
+
+
+def wsd_trend_table(ctx, pair, seeds, budgets, steps_1x, margin, beside, paper=415):
+    """The primary reading: each seed's slope of its gap on log2(budget) over `budgets`; the mean
+    slope's 95% interval and t p, TOST at ±margin, the resolution and the smallest margin the data
+    support; the design's word; and, labelled as extrapolation, where the fitted line reaches 0,
+    in byte tokens per parameter of each arm."""
+    series, slopes = wsd_slopes(ctx, pair, seeds, budgets, steps_1x)
+    if len(slopes) < 2:
+        return f"Not yet: {len(slopes)} of {len(seeds)} seeds have every budget of the fit.\n"
+    r = stats.tests(list(slopes.values()), margin)
+    t = stats.t_dist()
+    half = t.ppf(0.975, r['df']) * r['se']
+    word = ('closing' if r['p_t'] < 0.05 and r['mean'] < 0 else
+            'widening' if r['p_t'] < 0.05 else
+            'not closing' if r['p_tost'] < 0.05 else 'could not tell')
+    supported = abs(r['mean']) + t.ppf(0.95, r['df']) * r['se']
+    resolution = stats.resolution(r['se'], r['df'], 0.05)
+    rows = md.head('seed', *(f"{b:g}×" for b in budgets), 'slope (points per doubling)')
+    for seed, gaps in sorted(series.items()):
+        rows.append(f"| {seed} | " + ' | '.join(pct(g) for g in gaps)
+                    + f" | {slopes[seed]:+.3f} |")
+    means = [sum(g[i] for g in series.values()) / len(series) for i in range(len(budgets))]
+    rows.append("| mean | " + ' | '.join(pct(m) for m in means) + f" | {r['mean']:+.3f} |")
+    text = '\n'.join(rows) + (
+        f"\n\nMean slope {r['mean']:+.3f} points per doubling [{r['mean'] - half:+.3f}, "
+        f"{r['mean'] + half:+.3f}] (95%, {len(slopes)} seeds), t p {fmt_p(r['p_t'])}; TOST at "
+        f"±{margin:g} p {fmt_p(r['p_tost'])}; resolution {resolution:.2f} (80% power, 0.05); "
+        f"the data support |slope| < {supported:.2f} (one-sided 95%). "
+        f"By the design's rule: **{word}**.")
+    return text + '\n\n' + extrapolation(ctx, pair, series, slopes, budgets, steps_1x, half,
+                                         paper) + beside_note(ctx, pair, seeds, beside,
+                                                              steps_1x)
+
+
+def extrapolation(ctx, pair, series, slopes, budgets, steps_1x, half, paper):
+    """Where the line fitted to the mean gap reaches 0, with the range over the slope's 95%
+    interval, in byte tokens per parameter of each arm."""
+    xs = [math.log2(b) for b in budgets]
+    mean_x = sum(xs) / len(xs)
+    mean_gap = sum(sum(g) / len(g) for g in series.values()) / len(series)
+    b = sum(slopes.values()) / len(slopes)
+    seed = next(iter(series))
+    runs = [wsd_run(ctx, arm, seed, budgets[0] * steps_1x) for arm in pair]
+    params = [ctx.config(r)['params'] for r in runs]
+    tokens_1x = S.tokens(dict(ctx.config(runs[0]), max_iters=steps_1x))
+    at = lambda x: ('never ahead' if x is None else ', '.join(
+        f"{tokens_1x * 2 ** x / p:,.0f}" for p in params))
+    x0 = crossing_budget(mean_gap, mean_x, b)
+    ends = [crossing_budget(mean_gap, mean_x, s) for s in (b - half, b + half)]
+    label = ' and '.join(pair)
+    return (f"Extrapolation, beyond the runs: the fitted line reaches 0 at {at(x0)} byte tokens "
+            f"per parameter ({label}); over the slope's 95% interval, from {at(ends[0])} to "
+            f"{at(ends[1])}. The paper measures at about {paper} BPE tokens per parameter; the "
+            f"longest run here is {budgets[-1] * tokens_1x / params[0]:,.0f} ({pair[0]}).")
+
+
+def beside_note(ctx, pair, seeds, beside, steps_1x):
+    """The gap at a budget outside the fit (2x), for the same seeds."""
+    gaps = wsd_gaps(ctx, pair, seeds, beside * steps_1x)
+    if len(gaps) < 2:
+        return "\n"
+    return (f" Outside the fit, at {beside:g}×: {interval_cell(list(gaps.values()))} (95%, "
+            f"{len(gaps)} seeds).\n")
+
+
+def wsd_cooldown_table(ctx, pair, seeds, budgets, steps_1x, stable):
+    """Tokens against the cooldown: at each budget's last step, the stable runs' paired gap (the
+    peak LR, no cooldown) beside the branches' (the same val windows), and what each arm's
+    cooldown gains over its stable run, mean over seeds [95% interval], unadjusted."""
+    rows = md.head('budget', 'step', f'stable runs {pair[0]} − {pair[1]}',
+                   'branches, the same windows', f'cooldown {pair[0]}',
+                   f'cooldown {pair[1]}', 'seeds')
+    for b in budgets:
+        step, cells = b * steps_1x, {'stable': [], 'branch': [], 0: [], 1: []}
+        for seed in seeds:
+            runs = [(wsd_run(ctx, a, seed, stable), wsd_run(ctx, a, seed, step)) for a in pair]
+            if any(ctx.loss(r) is None for two in runs for r in two):
+                continue
+            val = [[eval_series(ctx.log(r)).get(step) for r in two] for two in runs]
+            if any(v is None for two in val for v in two):
+                continue
+            (arm_stable, arm_branch), (ref_stable, ref_branch) = val
+            cells['stable'].append(100 * (arm_stable - ref_stable) / ref_stable)
+            cells['branch'].append(100 * (arm_branch - ref_branch) / ref_branch)
+            for i, (s_loss, b_loss) in enumerate(val):
+                cells[i].append(100 * (b_loss - s_loss) / s_loss)
+        show = lambda v: interval_cell(v) if len(v) > 1 else '-'
+        rows.append(f"| {b:g}× | {step} | " + ' | '.join(
+            show(cells[k]) for k in ('stable', 'branch', 0, 1)) + f" | {len(cells[0])} |")
+    return ('\n'.join(rows) + "\n\nVal loss on the fixed windows of the evaluations, in % (mean "
+            "over seeds [95% interval], unadjusted, outside the family). A cooldown column is "
+            "the branch's loss against its stable run's at the same step. The stable run at its "
+            "last step has cooled down itself, so its budget has no row.\n")

@@ -481,7 +481,7 @@ def test_docs_blocks_match_the_committed_logs():
 
 
 @pytest.mark.slow  # seconds of matplotlib each
-@pytest.mark.parametrize('name', ['v2', 'v3', 'v4', 'v5', 'v6'])
+@pytest.mark.parametrize('name', ['v2', 'v3', 'v4', 'v5', 'v6', 'v7'])
 def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
     """Each study's figures, from its committed runs."""
     pytest.importorskip('matplotlib', reason=PLOTS)
@@ -490,7 +490,8 @@ def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
     drawn = docs.write_figures(s, os.path.join(HERE, 'experiments'), str(tmp_path))
     assets = os.path.join(HERE, 'docs', 'assets')
     present = [png for png in s.figures if os.path.exists(os.path.join(assets, png))]
-    assert sorted(drawn) == sorted(s.figures if name != 'v4' else present)
+    # v4 drew some figures only while its runs were kept; v7's waits for its runs
+    assert sorted(drawn) == sorted(s.figures if name not in ('v4', 'v7') else present)
     for png in drawn:
         committed = open(os.path.join(HERE, 'docs', 'assets', png), 'rb').read()
         made = (tmp_path / png).read_bytes()
@@ -596,3 +597,97 @@ def test_the_pilots_table_pairs_each_arm_with_its_modern_block(tmp_path):
     assert rows[2:] == ['| baseline | 1 | 2.0000 | 1.9800 | -1.00% |',
                         '| reduced | 1 | 2.1000 | 2.1210 | +1.00% |']
     assert P.plan(s, {}).phases == {}  # its runs were made by hand: it names none
+
+
+# -----------------------------------------------------------------------------
+# warmup-stable-decay studies (v7): a stable run per seed and arm, cooldown branches off it
+
+def test_a_wsd_phase_names_each_stable_run_its_branches_and_the_checkpoints_they_start_from():
+    s = load('v7')
+    results = {}
+    for arm in ('baseline_wsd', 'identity_wsd_wd0.1'):  # the LR check done: 2.83e-3 kept
+        for lr in (2e-3, 2.83e-3, 4e-3):
+            results[P.Run(arm, lr, 0.1, 201).name] = 1.0 + abs(lr - 2.83e-3)
+    p = P.plan(s, results)
+    seed_301 = [r for r in p.phases['test'] if r.seed == 301]
+    stable = P.Run('baseline_wsd', 2.83e-3, 0.1, 301, steps=38400)
+    assert stable.name == 'baseline_wsd_lr0.00283_wd0.1_s301_i38400'
+    assert [r.name for r in seed_301 if r.arm == 'baseline_wsd'] == [
+        'baseline_wsd_lr0.00283_wd0.1_s301_i38400', 'baseline_wsd_lr0.00283_wd0.1_s301_i2400',
+        'baseline_wsd_lr0.00283_wd0.1_s301_i4800', 'baseline_wsd_lr0.00283_wd0.1_s301',
+        'baseline_wsd_lr0.00283_wd0.1_s301_i19200']  # 8x is the arm's own max_iters: no suffix
+    branches = [r for r in seed_301 if r.source]
+    assert {r.source for r in branches if r.arm == 'baseline_wsd'} == {
+        (stable.name, 1920), (stable.name, 3840), (stable.name, 7680), (stable.name, 15360)}
+    assert p.settings[stable.name]['keep_checkpoints'] == (1920, 3840, 7680, 15360)
+    args = P.train_args(s, branches[0], P.base_config(s), 'w', p.settings[branches[0].name])
+    assert '--max_iters=2400' in args and '--lr_schedule=wsd' in args
+    assert '--cooldown_frac=0.2' in args and args[-1] == '--init_from=auto'
+    # the check's 8x branch off the 16x stable run is the LR check's 2.83e-3 run: one run
+    check = [r for r in p.order if r.seed == 201 and r.arm == 'baseline_wsd']
+    assert [r.name for r in check].count('baseline_wsd_lr0.00283_wd0.1_s201') == 1
+    assert next(r for r in check if r.name.endswith('_s201')).source == (
+        'baseline_wsd_lr0.00283_wd0.1_s201_i19200', 7680)
+
+
+def test_a_wsd_phase_that_cannot_branch_is_refused(tmp_path):
+    body = ("name = 'w'\nbase = ('config/small.py',)\n"
+            "arms = dict(a=dict(weight_decay=0.1, lr=1e-3, settings={settings}))\n"
+            "phases = [dict(name='t', kind='wsd', arms=('a',), seeds=(1,), steps=100, "
+            "branches={branches})]\n")
+    path = tmp_path / 'w.py'
+    path.write_text(body.format(settings="dict(lr_schedule='wsd')", branches=(50, 100)))
+    with pytest.raises(P.UserError, match="names its stable run's steps and the shorter branches"):
+        P.load_study(str(path))
+    path.write_text(body.format(settings="dict()", branches=(50,)))
+    with pytest.raises(P.UserError, match="arm\\(s\\) a do not set lr_schedule='wsd'"):
+        P.load_study(str(path))
+
+
+def test_a_branch_starts_off_its_source_checkpoint_waits_for_it_or_runs_from_scratch(tmp_path):
+    s = type('Study', (), dict(name='w'))()
+    c = dict(work_root=str(tmp_path))
+    branch = P.Run('a', 1e-3, 0.1, 1, steps=8, source=('a_stable', 4))
+    assert P.init_from(c, s, branch, {}) is None  # the source has not written it yet
+    assert P.init_from(c, s, branch, {'a_stable': 1.0}) == 'auto'  # finished elsewhere: scratch
+    kept = tmp_path / 'out-w' / 'a_stable' / 'ckpt_4.pt'
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b'')
+    assert P.init_from(c, s, branch, {}) == str(kept)
+    own = tmp_path / 'out-w' / branch.name / 'ckpt.pt'
+    own.parent.mkdir(parents=True)
+    own.write_bytes(b'')
+    assert P.init_from(c, s, branch, {}) == 'auto'  # a branch that stopped resumes itself
+    assert P.init_from(c, s, P.Run('a', 1e-3, 0.1, 1), {}) == 'auto'
+
+
+@pytest.mark.long
+def test_a_wsd_study_runs_a_branch_off_its_stable_runs_kept_checkpoint(data_root, tmp_path,
+                                                                       capsys):
+    (tmp_path / 'tiny.py').write_text('\n'.join([
+        "dataset = 'tiny'", f"data_root = {data_root!r}", "n_layer = 1", "n_head = 2",
+        "n_embd = 32", "block_size = 32", "batch_size = 2", "eval_iters = 1", "max_iters = 8",
+        "warmup_iters = 1", "eval_interval = 2", "log_interval = 1", ""]))
+    (tmp_path / 'study.py').write_text(f'''"""A tiny wsd study."""
+name = 'tinywsd'
+base = ('config/small.py', {str(tmp_path / 'tiny.py')!r})
+WSD = dict(lr_schedule='wsd', cooldown_frac=0.5)
+arms = dict(baseline=dict(weight_decay=0.1, lr=2e-3, settings=WSD))
+phases = [dict(name='test', kind='wsd', arms=('baseline',), seeds=(1,), steps=16, branches=(8,))]
+''')
+    root, work = str(tmp_path / 'experiments'), str(tmp_path / 'work')
+    S.main([str(tmp_path / 'study.py'), f'--root={root}', f'--work_root={work}', '--jobs=1',
+            '--threads=1'])
+    assert 'nothing left to run' in capsys.readouterr().out
+    committed = os.path.join(root, 'tinywsd')
+    assert sorted(os.listdir(committed)) == ['baseline_lr0.002_wd0.1_s1',
+                                             'baseline_lr0.002_wd0.1_s1_i16']
+    stable = json.load(open(os.path.join(committed, 'baseline_lr0.002_wd0.1_s1_i16',
+                                         'config.json')))
+    branch = json.load(open(os.path.join(committed, 'baseline_lr0.002_wd0.1_s1', 'config.json')))
+    assert stable['keep_checkpoints'] == [4] and stable['max_iters'] == 16
+    source = os.path.join(work, 'out-tinywsd', 'baseline_lr0.002_wd0.1_s1_i16', 'ckpt_4.pt')
+    assert branch['init_from'] == source
+    log = [json.loads(line) for line in open(os.path.join(committed, 'baseline_lr0.002_wd0.1_s1',
+                                                          'log.jsonl'))]
+    assert log[0]['iter'] == 4 and log[-1]['iter'] == 8 and 'val_loss_full' in log[-1]

@@ -1,4 +1,6 @@
 """lab/tables.py's step lag on curves with known answers: the delay v4 measures."""
+import math
+
 import pytest
 
 from lab import tables
@@ -445,3 +447,121 @@ def test_a_later_phase_can_bracket_a_selection_and_the_table_says_whether_it_hol
     assert last(Bracket(1.0010)).endswith("| bracketed; another LR is lower |")
     assert "| arm | 0.1 | 0.004 | 1.0010 | 1.0010 |  |" in tables.tuning_table(
         Bracket(1.0010), also=('bracket',))
+
+
+# -----------------------------------------------------------------------------
+# v7's tables: budgets from one warmup-stable-decay run per seed, on known gaps
+
+class Wsd:
+    """Enough of a Context for v7's tables: full val losses and evaluation logs of wsd runs named
+    by (arm, seed, steps), the reference's loss 1.0 and the arm's 1 + gap/100."""
+
+    def __init__(self, gap, seeds, steps, stable_val=None):
+        from lab import plan
+        self.s = type('Study', (), dict(arm=lambda self, a: dict(
+            weight_decay=0.1, settings=dict(max_iters=9600))))()
+        self.plan = type('Plan', (), dict(chosen=dict(arm=(1e-3, 0.1), ref=(1e-3, 0.1))))()
+        self.results, self.logs = {}, {}
+        for seed in seeds:
+            for n in steps:
+                for a in ('arm', 'ref'):
+                    run = plan.Run(a, 1e-3, 0.1, seed, steps=None if n == 9600 else n)
+                    loss = 1.0 + (gap(seed, n) / 100 if a == 'arm' else 0.0)
+                    self.results[run.name] = loss
+                    stable = (stable_val or {}).get((a, seed, n), loss)
+                    self.logs[run.name] = [dict(iter=k, val_loss=stable) for k in steps
+                                           if k <= n] + [dict(iter=n, val_loss=loss)]
+
+    def loss(self, run):
+        return None if run is None else self.results.get(run.name)
+
+    def log(self, run):
+        return self.logs[run.name]
+
+    def config(self, run):
+        params = 800_000 if run.arm == 'arm' else 1_000_000
+        return dict(params=params, max_iters=9600, batch_size=16, block_size=128,
+                    gradient_accumulation_steps=1)
+
+
+STEPS_1X = 1200
+FIT = (4, 8, 16, 32)
+ALL = [b * STEPS_1X for b in (2, *FIT)]
+
+
+def test_the_wsd_trend_is_each_seeds_slope_per_doubling_and_its_crossing_extrapolated():
+    """Each seed's gap falls 0.5, 0.6 or 0.4 points per doubling from +2% at 4x: the mean slope is
+    -0.5, negative at 0.05 (closing); the mean gap line reaches 0 at 4 doublings past 4x, 64x:
+    64 * 1200 * 2048 tokens over 800k and 1M parameters."""
+    slopes = {1: -0.5, 2: -0.6, 3: -0.4}
+    gap = lambda seed, n: 2.0 + slopes[seed] * (math.log2(n / STEPS_1X) - 2)
+    ctx = Wsd(gap, (1, 2, 3), ALL)
+    text = tables.wsd_trend_table(ctx, ('arm', 'ref'), (1, 2, 3), FIT, STEPS_1X, 0.25, 2)
+    # sd 0.1 over 3 seeds: se 0.0577, t(0.975, 2) = 4.303: half-width 0.248
+    assert "Mean slope -0.500 points per doubling [-0.748, -0.252] (95%, 3 seeds)" in text
+    assert "By the design's rule: **closing**." in text
+    tokens = 64 * STEPS_1X * 16 * 128
+    assert f"reaches 0 at {tokens / 800_000:,.0f}, {tokens / 1_000_000:,.0f} byte tokens" in text
+    assert "| 1 | +2.00% | +1.50% | +1.00% | +0.50% | -0.500 |" in text
+    assert "Outside the fit, at 2×: +2.50% [+2.25%, +2.75%] (95%, 3 seeds)" in text
+    flat = Wsd(lambda seed, n: 1.0 + 0.01 * (seed - 2) * math.log2(n), (1, 2, 3), ALL)
+    text = tables.wsd_trend_table(flat, ('arm', 'ref'), (1, 2, 3), FIT, STEPS_1X, 0.25, 2)
+    assert "**not closing**" in text and "never ahead" in text
+    waiting = Wsd(gap, (1,), ALL)
+    assert tables.wsd_trend_table(waiting, ('arm', 'ref'), (1, 2, 3), FIT, STEPS_1X, 0.25, 2) \
+        == "Not yet: 1 of 3 seeds have every budget of the fit.\n"
+
+
+def test_a_line_crosses_zero_ahead_only_when_it_slopes_against_the_gaps_sign():
+    assert tables.crossing_budget(2.0, 3.5, -0.5) == 7.5
+    assert tables.crossing_budget(2.0, 3.5, 0.5) is None
+    assert tables.crossing_budget(-1.0, 3.5, -0.5) is None and \
+        tables.crossing_budget(2.0, 3.5, 0.0) is None
+    assert tables.crossing_budget(-1.0, 3.5, 0.5) == 5.5
+
+
+def test_the_wsd_budgets_family_is_holm_over_the_five_at_one_level():
+    """A gap of 2% at 2x halving each doubling, with seed noise: every interval at 99%, and the
+    first budget whose upper end is below +0.5% named."""
+    noise = {1: -0.1, 2: 0.0, 3: 0.1}
+    gap = lambda seed, n: 4.0 * STEPS_1X / n + noise[seed]
+    ctx = Wsd(gap, (1, 2, 3), ALL)
+    text = tables.wsd_budgets_table(ctx, ('arm', 'ref'), (1, 2, 3), (2, *FIT), STEPS_1X, 0.5, 0.5)
+    rows = [line for line in text.splitlines() if line.startswith('| ') and '×' in line]
+    assert [row.split(' | ')[0] for row in rows] == ['| 2×', '| 4×', '| 8×', '| 16×', '| 32×']
+    assert all('(99.0%)' in row for row in rows)
+    # at 32x the mean is 0.125 +- 0.1 sd: t(0.995, 2) = 9.925 gives an upper end of 0.70 > 0.5;
+    # at 16x 0.25: 0.82; none below
+    assert "The first budget whose interval's upper end is below +0.50%: none." in text
+    quiet = Wsd(lambda seed, n: 4.0 * STEPS_1X / n + noise[seed] / 100, (1, 2, 3), ALL)
+    text = tables.wsd_budgets_table(quiet, ('arm', 'ref'), (1, 2, 3), (2, *FIT), STEPS_1X, 0.5,
+                                    0.5)
+    assert "upper end is below +0.50%: 16×." in text  # 0.25 + 0.0099 * 5.73; 8x: 0.5 + ...
+
+
+def test_the_wsd_check_applies_the_designs_rule():
+    class Check(Wsd):
+        def __init__(self, diff):
+            super().__init__(lambda seed, n: 0.0, (201,), (4800,))
+            from lab import plan
+            self.results[plan.Run('cos', 1e-3, 0.1, 201).name] = 1.0 / (1 + diff / 100)
+            self.s = type('Study', (), dict(arm=lambda self, a: dict(
+                weight_decay=0.1, settings=dict(max_iters=9600))))()
+    text = tables.wsd_check_table(Check(0.4), [('arm', 'cos', 4800)], 201, 1e-3, 0.5)
+    assert "| arm | 4800 | 1.0000 | 0.9960 | +0.40% |" in text
+    assert "WSD stands in for the cosine runs" in text
+    assert "read on its own terms" in tables.wsd_check_table(Check(0.6), [('arm', 'cos', 4800)],
+                                                              201, 1e-3, 0.5)
+
+
+def test_the_cooldown_table_separates_the_stable_runs_gap_from_the_branches():
+    """The stable runs' val loss at each step: 2.0 for the arm, 1.0 for the reference, a gap of
+    +100%; the branches end at 1 + gap/100 (arm) and 1.0: the arm's cooldown gains -50%."""
+    stable = 32 * STEPS_1X
+    steps = ALL
+    ctx = Wsd(lambda seed, n: 0.0, (1, 2), steps,
+              stable_val={(a, seed, stable): 2.0 if a == 'arm' else 1.0 for a in ('arm', 'ref')
+                          for seed in (1, 2)})
+    text = tables.wsd_cooldown_table(ctx, ('arm', 'ref'), (1, 2), (2,), STEPS_1X, stable)
+    assert "| 2× | 2400 | +100.00% [+100.00%, +100.00%] | +0.00% [+0.00%, +0.00%] | " \
+           "-50.00% [-50.00%, -50.00%] | +0.00% [+0.00%, +0.00%] | 2 |" in text

@@ -60,3 +60,27 @@ phases = [
     *[dict(name='test', kind='wsd', arms=ARMS, seeds=(seed,), steps=STABLE,
            branches=tuple(b * STEPS_1X for b in BUDGETS)) for seed in TEST],
 ]
+
+# the write-up: docs/experiments.md's generated blocks
+B, I = ARMS
+PAIR = (I, B)  # W_Q = I − the baseline
+FIT = (4, 8, 16, 32)  # the primary trend's budgets; 2x is read beside it
+tables = dict(
+    v7_check=dict(kind='wsd_check', seed=201, lr=LR, margin=0.5, pairs=(
+        (B, 'baseline_anneal4x', 4 * STEPS_1X), (I, 'identity_anneal4x_wd0.1', 4 * STEPS_1X),
+        (B, 'baseline_anneal16x', 16 * STEPS_1X),
+        (I, 'identity_anneal16x_wd0.1', 16 * STEPS_1X))),
+    v7_lr=dict(kind='tuning', arms=ARMS),
+    v7_trend=dict(kind='wsd_trend', pair=PAIR, seeds=TEST, budgets=FIT, steps_1x=STEPS_1X,
+                  margin=0.25, beside=2),
+    v7_budgets=dict(kind='wsd_budgets', pair=PAIR, seeds=TEST, budgets=(2, *FIT),
+                    steps_1x=STEPS_1X, margin=0.5, below=0.5),
+    v7_cooldown=dict(kind='wsd_cooldown', pair=PAIR, seeds=TEST, budgets=BUDGETS,
+                     steps_1x=STEPS_1X, stable=STABLE),
+    v7_onsets=dict(kind='onsets', thresholds=(0.05, 0.03, 0.1), pairs=[
+        dict(label='stable runs', arm=I, ref=B, seeds=TEST, steps=STABLE)]),
+)
+figures = {
+    'v7_gaps.png': dict(kind='wsd_gaps', pair=PAIR, seeds=TEST, budgets=(2, *FIT),
+                        steps_1x=STEPS_1X, fit=FIT),
+}
