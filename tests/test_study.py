@@ -515,6 +515,18 @@ def test_docs_blocks_match_the_committed_logs():
         "docs/experiments.md is stale: run python -m lab.study lab/studies/*.py --report=True"
 
 
+def test_each_committed_run_holds_its_config_and_one_gzipped_log():
+    """The logs stay out of the way of a reader of the tree: a plain log.jsonl (a runner from
+    before the compact logs committed it) is gzipped by --collect=True."""
+    root = os.path.join(HERE, 'experiments')
+    studies = {load(name).name: name for name in ALL}  # {its folder: its study file}
+    assert set(os.listdir(root)) <= set(studies)
+    for name, study in studies.items():
+        for folder in P.run_folders(root, name):
+            assert set(os.listdir(folder)) - {'diverged.txt'} == {'config.json', 'log.jsonl.gz'}, \
+                f"{folder}: run python -m lab.study lab/studies/{study}.py --collect=True"
+
+
 @pytest.mark.slow  # seconds of matplotlib each
 @pytest.mark.parametrize('name', ['v2', 'v3', 'v4', 'v5', 'v6'])
 def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
