@@ -1,11 +1,13 @@
 """
 Files that are never half-written: each is written to a temporary name, then renamed over the old
-one; and the JSON and JSON-lines files a run and a dataset keep.
+one; and the JSON and JSON-lines files (plain or gzipped) a run and a dataset keep.
 """
 
+import gzip
 import json
 import os
 import pathlib
+import zlib
 
 from kvgpt.errors import UserError
 
@@ -31,6 +33,12 @@ def write_text(path, text):
     atomic_write(path, lambda tmp: pathlib.Path(tmp).write_text(text))
 
 
+def write_gzip(path, data):
+    """data (bytes) gzipped at path. The same data gives the same bytes (the header holds no time
+    and no file name), so writing a file again leaves git nothing to commit."""
+    atomic_write(path, lambda tmp: pathlib.Path(tmp).write_bytes(gzip.compress(data, mtime=0)))
+
+
 def write_json(path, obj):
     write_text(path, json.dumps(obj, indent=2) + '\n')
 
@@ -47,8 +55,16 @@ def read_json(path, what):
 
 def read_jsonl(path):
     """The entries of a JSON-lines log, without a last line cut short by a crash (or ending in
-    bytes that are not text); a damaged line before the last is one line of error."""
-    lines = pathlib.Path(path).read_bytes().splitlines()
+    bytes that are not text); a damaged line before the last is one line of error. A path ending
+    in .gz is read through gzip (the lab commits a finished run's log compressed)."""
+    data = pathlib.Path(path).read_bytes()
+    if str(path).endswith('.gz'):
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, OSError, zlib.error) as e:  # cut short, or not gzip at all
+            raise UserError(f"{path} is not a whole gzip file ({e}): restore it from git"
+                            ) from None
+    lines = data.splitlines()
     entries = []
     for n, line in enumerate(lines, 1):
         try:

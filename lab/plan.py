@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from kvgpt.config import parse_value, variant_settings
 from kvgpt.errors import UserError
-from kvgpt.files import read_json, read_jsonl, write_text
+from kvgpt.files import read_json, read_jsonl, write_gzip, write_text
 from model import GPTConfig, upgrade_query
 import train
 
@@ -409,10 +409,48 @@ def shell_line(c, s, run, base, logging, start='auto'):
 # -----------------------------------------------------------------------------
 # committed runs
 
+# A run is committed with its log gzipped: the step lines the tables and figures read are tens of
+# megabytes of text over all studies, which would bury the code for a reader (or a tool) that
+# reads the tree. A plain log.jsonl reads the same: train.py's own, in a run's work folder, and
+# one an older runner committed, until --collect=True compacts it.
+PLAIN_LOG, LOG = 'log.jsonl', 'log.jsonl.gz'
+
+
+def log_file(folder):
+    """The path of the run's log in folder, plain or compact; None if it has neither. A plain
+    one comes first: compacting writes the compact one before it removes the plain one."""
+    paths = [os.path.join(folder, name) for name in (PLAIN_LOG, LOG)]
+    return next((p for p in paths if os.path.exists(p)), None)
+
+
+def commit_log(src, folder):
+    """The log at src as folder's log.jsonl.gz, byte for byte once unzipped; a plain log.jsonl
+    there is removed once the compact one is whole."""
+    with open(src, 'rb') as f:
+        write_gzip(os.path.join(folder, LOG), f.read())
+    if os.path.exists(os.path.join(folder, PLAIN_LOG)):
+        os.remove(os.path.join(folder, PLAIN_LOG))
+
+
+def compact(root, name):
+    """Compact every plain log committed in <root>/<name>/; the folders compacted."""
+    plain = [f for f in run_folders(root, name) if os.path.exists(os.path.join(f, PLAIN_LOG))]
+    for folder in plain:
+        commit_log(os.path.join(folder, PLAIN_LOG), folder)
+    return plain
+
+
+def run_folders(root, name):
+    """The folders of a study's committed runs, in name order."""
+    folder = os.path.join(root, name)
+    return [os.path.join(folder, run) for run in sorted(os.listdir(folder))
+            ] if os.path.isdir(folder) else []
+
+
 def last_evaluation(folder):
     """The full val loss at max_iters of the run in folder; None unless it got there."""
-    config_path, log_path = os.path.join(folder, 'config.json'), os.path.join(folder, 'log.jsonl')
-    if not (os.path.exists(config_path) and os.path.exists(log_path)):
+    config_path, log_path = os.path.join(folder, 'config.json'), log_file(folder)
+    if not (os.path.exists(config_path) and log_path):
         return None
     max_iters = read_json(config_path, 'config.json')['max_iters']
     return next((e['val_loss_full'] for e in reversed(read_jsonl(log_path))
@@ -439,12 +477,11 @@ def tokens(config):
 
 def committed(root, name):
     """{run name: (final loss, folder)} of a study's committed runs."""
-    folder = os.path.join(root, name)
     found = {}
-    for run in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        loss = final_loss(os.path.join(folder, run))
+    for folder in run_folders(root, name):
+        loss = final_loss(folder)
         if loss is not None:
-            found[run] = (loss, os.path.join(folder, run))
+            found[os.path.basename(folder)] = (loss, folder)
     return found
 
 
@@ -458,16 +495,18 @@ def results_of(s, root):
 
 
 def commit_run(work, dest, error):
-    """Copy a finished run's log and config, with a divergence's one-line error, into the committed
-    folder; 'finished', 'diverged', or None for a run that stopped early (it resumes next time)."""
+    """Copy a finished run's config and its log (gzipped), with a divergence's one-line error,
+    into the committed folder; 'finished', 'diverged', or None for a run that stopped early (it
+    resumes next time)."""
     diverged = 'non-finite' in error
     if not (run_finished(work) or diverged):
         return None
     os.makedirs(dest, exist_ok=True)
-    for f in ('config.json', 'log.jsonl'):
-        if os.path.exists(os.path.join(work, f)):
-            with open(os.path.join(work, f)) as src:
-                write_text(os.path.join(dest, f), src.read())
+    if os.path.exists(os.path.join(work, 'config.json')):
+        with open(os.path.join(work, 'config.json')) as src:
+            write_text(os.path.join(dest, 'config.json'), src.read())
+    if os.path.exists(os.path.join(work, PLAIN_LOG)):
+        commit_log(os.path.join(work, PLAIN_LOG), dest)
     if diverged:
         write_text(os.path.join(dest, 'diverged.txt'), error.strip().splitlines()[-1] + '\n')
     return 'diverged' if diverged else 'finished'

@@ -26,6 +26,7 @@ from kvgpt.config import Kind, parse_config, variants
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import atomic_write, read_json, read_jsonl, write_text
 from lab import markdown as md, stats
+from lab.plan import log_file
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -49,9 +50,10 @@ DEFAULT_GEOMETRY = {k: v for k, v in GPTConfig().__dict__.items()}
 
 
 def read_run(out_dir):
-    log_path = os.path.join(out_dir, 'log.jsonl')
-    if not os.path.exists(log_path):
-        raise UserError(f"no log.jsonl in {out_dir}: is it a train.py run directory?")
+    log_path = log_file(out_dir)  # a committed run's is gzipped
+    if log_path is None:
+        raise UserError(f"no log.jsonl (nor log.jsonl.gz) in {out_dir}: is it a train.py run "
+                        "directory?")
     log = read_jsonl(log_path)
     config = read_json(os.path.join(out_dir, 'config.json'), 'config.json')
     evals = [e for e in log if 'val_loss' in e]

@@ -5,14 +5,15 @@ that they can stop and continue anywhere, each finished run committed to experim
     python -m lab.study lab/studies/v4.py --jobs=2 --threads=1   # run what is left
     python -m lab.study lab/studies/v4.py --status=True          # what is done, left, waiting
     python -m lab.study lab/studies/v4.py --print=True           # the runs to start, one a line
-    python -m lab.study lab/studies/v4.py --collect=True         # commit what finished
+    python -m lab.study lab/studies/v4.py --collect=True         # commit what finished, gzipped
     python -m lab.study lab/studies/*.py --report=True           # the docs' tables and figures
 
 A study file is plain Python that only declares (lab/studies/v4.py is an example; its
 docstring is the study's one-line summary). A run trains in <work_root>/out-<name>/<run>/
-(checkpoints, stdout.txt, stderr.txt; never committed); once it has finished, its log.jsonl and
-config.json are copied to <root>/<name>/<run>/, what every table is computed from. A run that
-is committed is never run again, and a run that stopped resumes from its checkpoint.
+(checkpoints, stdout.txt, stderr.txt; never committed); once it has finished, its config.json
+and its log.jsonl, gzipped to log.jsonl.gz, are copied to <root>/<name>/<run>/, what every table
+is computed from. A run that is committed is never run again, and a run that stopped resumes
+from its checkpoint.
 
 --print=True writes each run that can start now as one shell line, for any scheduler (a Slurm
 array, GNU parallel, another machine): `python -m lab.study S --print=True | parallel -j 8`,
@@ -30,7 +31,7 @@ import time
 from kvgpt.config import Kind, parse_config
 from kvgpt.errors import UserError, run_main
 from lab import docs
-from lab.plan import (base_config, check_reused, commit_run, init_from, load_study, plan,
+from lab.plan import (base_config, check_reused, commit_run, compact, init_from, load_study, plan,
                       results_of, reused as plan_reused, shell_line, train_args, work_dir)
 
 DEFAULTS = dict(
@@ -38,9 +39,9 @@ DEFAULTS = dict(
     threads=None,  # threads per run (OMP_NUM_THREADS); None: cores // jobs
     status=False,  # list what is done, what can start now and what waits, then stop
     print=False,  # write the runs that can start now as shell lines, one a line, then stop
-    collect=False,  # commit the runs that finished in the work folders, then stop
+    collect=False,  # commit the runs that finished in the work folders, gzip any plain log, stop
     report=False,  # rewrite the study's blocks of its docs and its figures from committed logs
-    root='experiments',  # committed runs: <root>/<name>/<run>/{log.jsonl,config.json}
+    root='experiments',  # committed runs: <root>/<name>/<run>/{log.jsonl.gz,config.json}
     work_root='.',  # runs train in <work_root>/out-<name>/<run>/ (checkpoints; not committed)
 )
 TYPES = dict(threads=Kind(int, optional=True))  # what --help shows for a key whose default is None
@@ -176,7 +177,8 @@ def print_runs(c, s):
 
 
 def collect(c, s):
-    """Commit each pending run that finished (or diverged) in its work folder."""
+    """Commit each pending run that finished (or diverged) in its work folder, then gzip each
+    plain log.jsonl committed in the study's folder (a runner from before the compact logs)."""
     states = {}
     for run in pending(s, c['root'])[0]:
         if os.path.isdir(work_dir(c, s, run)):
@@ -184,6 +186,9 @@ def collect(c, s):
             if states[run.name]:
                 print(f"{states[run.name]} {run.name}")
     print(f"collected {sum(map(bool, states.values()))} run(s) into {c['root']}/{s.name}/")
+    plain = compact(c['root'], s.name)
+    if plain:
+        print(f"compacted {len(plain)} plain log(s) into log.jsonl.gz")
     return states
 
 

@@ -27,7 +27,7 @@ class Context:
 
     def log(self, run):
         if run.name not in self.logs:
-            self.logs[run.name] = read_jsonl(os.path.join(self.folders[run.name], 'log.jsonl'))
+            self.logs[run.name] = read_jsonl(S.log_file(self.folders[run.name]))
         return self.logs[run.name]
 
     def loss(self, run):

@@ -2,13 +2,14 @@
 tiny hand-made runs."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from kvgpt.errors import UserError
-from lab import report, stats
+from lab import plan, report, stats
 import train
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
@@ -45,6 +46,19 @@ def test_report_errors_are_clear(tmp_path):
     r = subprocess.run([sys.executable, '-m', 'lab.report'], cwd=HERE, capture_output=True,
                        text=True)
     assert r.returncode == 2 and r.stderr.startswith('error: give one or more run directories')
+
+
+def test_a_committed_runs_gzipped_log_reads_as_the_plain_one(tmp_path):
+    """docs/report.md draws its figures from committed runs, whose logs are gzipped."""
+    plain = fake_run(tmp_path / 'work', 'base_s1', [3.0, 2.5, 2.0], 1)
+    committed = shutil.copytree(plain, tmp_path / 'experiments' / 'base_s1')
+    plan.commit_log(os.path.join(plain, 'log.jsonl'), committed)
+    assert 'log.jsonl' not in os.listdir(committed)
+    assert report.read_run(committed) == report.read_run(plain)
+    gz = committed / 'log.jsonl.gz'
+    gz.write_bytes(gz.read_bytes()[:-8])  # cut short: one line, not a traceback
+    with pytest.raises(UserError, match=f"{gz} is not a whole gzip file"):
+        report.read_run(committed)
 
 
 # -----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The study runner (lab/study.py, lab/plan.py) and the study tables (lab/tables.py,
 lab/docs.py): a study file's plan, its runs, its commits and its report, on synthetic committed
 logs with known answers, on a tiny study run for real, and on the committed experiments."""
+import gzip
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+from kvgpt.files import read_jsonl
 from lab import docs, plan as P, study as S
 from lab.tables import spikes
 
@@ -306,6 +308,39 @@ def test_a_diverged_run_is_committed_as_infinitely_bad(tmp_path):
     assert not (tmp_path / 'other').exists()
 
 
+def test_a_finished_run_is_committed_with_its_log_gzipped_the_same_bytes_every_time(tmp_path):
+    work = tmp_path / 'work'
+    work.mkdir()
+    log = b''.join(json.dumps(e).encode() + b'\n' for e in (
+        dict(iter=0, val_loss=5.0), dict(iter=5, loss=4.5), dict(iter=10, val_loss_full=4.0)))
+    (work / 'log.jsonl').write_bytes(log)
+    (work / 'config.json').write_text(json.dumps(dict(max_iters=10)))
+    made = []
+    for dest in (tmp_path / 'a', tmp_path / 'b'):
+        assert P.commit_run(str(work), str(dest), '') == 'finished'
+        assert sorted(os.listdir(dest)) == ['config.json', 'log.jsonl.gz']
+        assert P.final_loss(str(dest)) == 4.0
+        made.append((dest / 'log.jsonl.gz').read_bytes())
+    assert gzip.decompress(made[0]) == log  # every step line kept, byte for byte
+    # the gzip header holds no file name (flags 0) and no time (0): the same log, the same bytes
+    assert made[0][3:8] == bytes(5) and made[0] == made[1]
+
+
+def test_collect_gzips_the_plain_logs_an_older_runner_committed(tmp_path, capsys):
+    s, root = load('v3'), str(tmp_path / 'experiments')
+    fill(s, root, lambda run: run.seed < 300)  # tuning's runs, as plain log.jsonl
+    folders = P.run_folders(root, 'v3')
+    logs = [read_jsonl(os.path.join(f, 'log.jsonl')) for f in folders]
+    results, blocks = P.results_of(s, root), docs.blocks(s, root)
+    S.main([s.path, f'--root={root}', f'--work_root={tmp_path}', '--collect=True'])
+    assert f'compacted {len(folders)} plain log(s)' in capsys.readouterr().out
+    assert all('log.jsonl' not in os.listdir(f) for f in folders)
+    assert [read_jsonl(P.log_file(f)) for f in folders] == logs
+    assert (P.results_of(s, root), docs.blocks(s, root)) == (results, blocks)
+    S.main([s.path, f'--root={root}', f'--work_root={tmp_path}', '--collect=True'])
+    assert 'compacted' not in capsys.readouterr().out  # nothing plain is left
+
+
 def test_v4_reuses_v3s_runs_only_where_the_commands_agree(tmp_path):
     s = load('v4')
     results, folders = P.results_of(s, os.path.join(HERE, 'experiments'))
@@ -391,7 +426,7 @@ def test_a_new_study_file_runs_commits_and_reports_and_its_print_lines_do_the_sa
     assert capsys.readouterr().out.startswith('wrote 1 block of tiny into ')
     finals = {}
     for run in os.listdir(os.path.join(root, 'tiny')):
-        log = [json.loads(line) for line in open(os.path.join(root, 'tiny', run, 'log.jsonl'))]
+        log = read_jsonl(os.path.join(root, 'tiny', run, 'log.jsonl.gz'))
         finals[run] = next(e['val_loss_full'] for e in log if 'val_loss_full' in e)
     ref = lambda s: finals[f'baseline_lr0.002_wd0.1_s{s}']
     gaps = [100 * (finals[f'reduced_lr0.002_wd0.03125_s{s}'] - ref(s)) / ref(s) for s in (1, 2)]
@@ -478,6 +513,18 @@ def test_docs_blocks_match_the_committed_logs():
     assert sorted(m.group(2) for m in docs.BLOCK.finditer(text)) == sorted(made)
     assert docs.fill(text, made) == text, \
         "docs/experiments.md is stale: run python -m lab.study lab/studies/*.py --report=True"
+
+
+def test_each_committed_run_holds_its_config_and_one_gzipped_log():
+    """The logs stay out of the way of a reader of the tree: a plain log.jsonl (a runner from
+    before the compact logs committed it) is gzipped by --collect=True."""
+    root = os.path.join(HERE, 'experiments')
+    studies = {load(name).name: name for name in ALL}  # {its folder: its study file}
+    assert set(os.listdir(root)) <= set(studies)
+    for name, study in studies.items():
+        for folder in P.run_folders(root, name):
+            assert set(os.listdir(folder)) - {'diverged.txt'} == {'config.json', 'log.jsonl.gz'}, \
+                f"{folder}: run python -m lab.study lab/studies/{study}.py --collect=True"
 
 
 @pytest.mark.slow  # seconds of matplotlib each
