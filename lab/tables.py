@@ -947,12 +947,14 @@ def censored_onset(ctx, run, threshold):
 
 
 def onset_row(ctx, ref, arm, threshold):
-    """One seed: (final gap %, (ref onset, arm onset), delay counted, (ref peak, arm peak))."""
+    """One seed: (final gap %, (ref onset, arm onset), delay counted, (ref peak, arm peak),
+    (ref onset counted, arm onset counted))."""
     ons = [censored_onset(ctx, r, threshold) for r in (ref, arm)]
     peaks = [max(v[0] for v in induction_curve(ctx.log(r)).values()) for r in (ref, arm)]
     gap = 100 * (ctx.loss(arm) - ctx.loss(ref)) / ctx.loss(ref)
     both_never = ons[0][0] is None and ons[1][0] is None
-    return gap, (ons[0][0], ons[1][0]), None if both_never else ons[1][1] - ons[0][1], peaks
+    return (gap, (ons[0][0], ons[1][0]), None if both_never else ons[1][1] - ons[0][1], peaks,
+            (ons[0][1], ons[1][1]))
 
 
 def onset_text(step):
@@ -972,41 +974,83 @@ def correlation_cells(xs, ys):
             f"({fmt_p(stats.spearman_p(xs, ys))})")
 
 
+def sign_cell(delays):
+    """'later, same, earlier (p)': the arm's onset against its reference's seed by seed, with
+    the exact two-sided sign test over the seeds whose onsets differ."""
+    from scipy.stats import binomtest
+    later, earlier = sum(d > 0 for d in delays), sum(d < 0 for d in delays)
+    p = binomtest(later, later + earlier).pvalue if later + earlier else 1.0
+    return f"{later}, {len(delays) - later - earlier}, {earlier} ({fmt_p(p)})"
+
+
+def confound_cells(rows):
+    """'r within ref, r within arm | gap at equal onset' over rows of (ref loss, arm loss, ref
+    onset, arm onset): each arm's Pearson r of its runs' full val loss with their onsets, and the
+    arm indicator's coefficient in a least-squares fit of every run's full val loss on its onset
+    and the arm, in % of the reference's mean loss (descriptive: no interval)."""
+    import numpy as np
+    from scipy.stats import pearsonr
+    if len(rows) < 4 or any(len(set(r[i] for r in rows)) < 2 for i in range(4)):
+        return '- | -'
+    ref, arm, ref_on, arm_on = (list(v) for v in zip(*rows))
+    within = [pearsonr(on, loss)[0] for on, loss in ((ref_on, ref), (arm_on, arm))]
+    design = np.column_stack([np.ones(2 * len(rows)), ref_on + arm_on,
+                              [0] * len(rows) + [1] * len(rows)])
+    fit = np.linalg.lstsq(design, np.array(ref + arm), rcond=None)[0]
+    return (f"{within[0]:+.2f}, {within[1]:+.2f} | "
+            f"{pct(100 * fit[2] / (sum(ref) / len(ref)))}")
+
+
 def onsets_table(ctx, pairs, thresholds):
-    """Seed by seed, for each pair: the final gap (full val loss), both arms' induction onsets at
-    the first threshold (the first evaluation whose strongest head reaches it), the delay, and
-    both arms' peak scores; then, at every threshold, the correlation of the final gap with the
-    delay across seeds (Pearson with Fisher's 95% interval, Spearman beside). A never counts as
-    the run's last evaluation plus one interval; a seed where neither arm reaches the threshold
-    has no delay and sits out the correlation."""
+    """Seed by seed, for each pair: the final gap (full val loss) and both arms' full val loss,
+    both arms' induction onsets at the first threshold (the first evaluation whose strongest head
+    reaches it), the delay, and both arms' peak scores; then, at every threshold, how many seeds'
+    arm forms its head later (sign test), the correlation of the final gap with the delay across
+    seeds (Pearson with Fisher's 95% interval, Spearman beside, its p exact), and beside them what
+    confounds it: within each arm, the correlation of the full val loss with the onset, and the
+    gap at equal onset (confound_cells). A never counts as the run's last evaluation plus one
+    interval; a seed where neither arm reaches the threshold has no delay and sits out."""
     done = [(c, runs) for c in pairs if (runs := pair_runs(ctx, c))]
     rest = [pair_name(c) for c in pairs if not pair_runs(ctx, c)]
     note = f"\nNot yet: {', '.join(rest)}.\n" if rest else ""
     if not done:
         return note.lstrip('\n')
     first = thresholds[0]
-    rows = md.head('pair', 'seed', 'final gap', f'onset at {first:g} (ref, arm)',
-                   'delay (steps)', 'peak score (ref, arm)')
+    rows = md.head('pair', 'seed', 'final gap', 'full val loss (ref, arm)',
+                   f'onset at {first:g} (ref, arm)', 'delay (steps)', 'peak score (ref, arm)')
     for c, runs in done:
         for seed, (ref, arm) in runs.items():
-            gap, ons, delay, peaks = onset_row(ctx, ref, arm, first)
-            rows.append(f"| {c['label']} | {seed} | {pct(gap)} | {onset_text(ons[0])}, "
+            gap, ons, delay, peaks, _ = onset_row(ctx, ref, arm, first)
+            rows.append(f"| {c['label']} | {seed} | {pct(gap)} | {ctx.loss(ref):.4f}, "
+                        f"{ctx.loss(arm):.4f} | {onset_text(ons[0])}, "
                         f"{onset_text(ons[1])} | {'–' if delay is None else f'{delay:+d}'} | "
                         f"{peaks[0]:.3f}, {peaks[1]:.3f} |")
-    lines = md.head('pair', 'threshold', 'seeds with a delay', 'mean delay (steps)',
-                    'r of the final gap with the delay [95%] (p)', 'Spearman ρ (exact p)')
+    lines = md.head('pair', 'threshold', 'seeds with a delay',
+                    'arm later, same, earlier (sign test p)', 'mean delay (steps)',
+                    'r of the final gap with the delay [95%] (p)', 'Spearman ρ (exact p)',
+                    'r of the full val loss with the onset, within ref, within arm',
+                    'gap at equal onset')
     for c, runs in done:
         for threshold in thresholds:
-            found = [onset_row(ctx, ref, arm, threshold) for ref, arm in runs.values()]
-            found = [(d, g) for g, _, d, _ in found if d is not None]
-            delays, gaps = [d for d, _ in found], [g for _, g in found]
+            found = [(onset_row(ctx, ref, arm, threshold), ctx.loss(ref), ctx.loss(arm))
+                     for ref, arm in runs.values()]
+            found = [(d, g, (lr, la, *on)) for (g, _, d, _, on), lr, la in found if d is not None]
+            delays, gaps = [d for d, _, _ in found], [g for _, g, _ in found]
             mean = f"{sum(delays) / len(delays):+.0f}" if delays else '–'
             lines.append(f"| {c['label']} | {threshold:g} | {len(found)} of {len(runs)} | "
-                         f"{mean} | " + correlation_cells(delays, gaps) + " |")
+                         f"{sign_cell(delays) if delays else '–'} | {mean} | "
+                         + correlation_cells(delays, gaps) + " | "
+                         + confound_cells([x for _, _, x in found]) + " |")
     legend = '; '.join(f"{c['label']}: {c['arm']} − {c['ref']}" for c, _ in done)
     return ('\n'.join(rows) + '\n\n' + '\n'.join(lines) + f"\n\nPairs: {legend}. A never counts "
             "as the run's last evaluation plus one interval (a lower bound); a seed where neither "
-            "arm reaches the threshold has no delay.\n" + note)
+            "arm reaches the threshold has no delay and sits out. Sign test: exact, two-sided, "
+            "over the seeds whose onsets differ. Spearman's p: exact, over every pairing of the "
+            "delays with the gaps. Within each arm: Pearson's r of its runs' full val loss with "
+            "their onsets, over the same seeds. Gap at equal onset: the arm's coefficient in a "
+            "least-squares fit of every run's full val loss on its onset and its arm, in % of the "
+            "reference's mean loss; descriptive (the onset is an outcome of training, not a "
+            "treatment), no interval.\n" + note)
 
 
 def gap_steps_table(ctx, pairs, steps):

@@ -299,14 +299,29 @@ def onsets_ctx(never_seed=True):
 def test_the_onset_table_gives_each_seeds_delay_counting_a_never_as_a_lower_bound():
     c = dict(label='4×', arm='arm', ref='ref', seeds=(1, 2, 3, 4, 5, 6))
     text = tables.onsets_table(onsets_ctx(), [c], (0.05,))
-    assert "| 4× | 2 | +3.00% | 200, 500 | +300 | 0.200, 0.100 |" in text
+    assert "| 4× | 2 | +3.00% | 1.0000, 1.0300 | 200, 500 | +300 | 0.200, 0.100 |" in text
     # never: the last evaluation (1000) plus one interval, 1100 - 400 = +700
-    assert "| 4× | 5 | +7.00% | 400, never | +700 | 0.200, 0.010 |" in text
-    assert "| 4× | 6 | +1.00% | never, never | – | 0.010, 0.010 |" in text  # no delay
-    # delays 100, 300, 0, 200, 700 against gaps 1, 3, 0, 2, 7: an exact line, r = +1
-    assert "| 4× | 0.05 | 5 of 6 | +260 | +1.00 [+1.00, +1.00] (0e+00) | +1.00 (" in text
+    assert "| 4× | 5 | +7.00% | 1.0000, 1.0700 | 400, never | +700 | 0.200, 0.010 |" in text
+    assert "| 4× | 6 | +1.00% | 1.0000, 1.0100 | never, never | – | 0.010, 0.010 |" in text
+    # delays 100, 300, 0, 200, 700 against gaps 1, 3, 0, 2, 7: an exact line, r = +1; the arm
+    # later on 4 seeds, the same on 1 (sign test 2/16); rho +1 in 2 of the 120 pairings; every
+    # reference loss the same, so no correlation within it
+    assert ("| 4× | 0.05 | 5 of 6 | 4, 1, 0 (0.125) | +260 | +1.00 [+1.00, +1.00] (0e+00) | "
+            "+1.00 (0.017) | - | - |") in text
     # a threshold nobody reaches: no seed has a delay, no correlation
-    assert "| 4× | 0.5 | 0 of 6 | – | - | - |" in tables.onsets_table(onsets_ctx(), [c], (0.5,))
+    assert "| 4× | 0.5 | 0 of 6 | – | – | - | - | - | - |" in tables.onsets_table(
+        onsets_ctx(), [c], (0.5,))
+
+
+def test_the_onset_confounds_are_each_arms_own_correlation_and_the_gap_at_equal_onset():
+    # every loss 1 + onset / 10,000, the arm's 0.02 above: r = +1 within each arm, and at equal
+    # onset the arm is 0.02 above, in % of the reference's mean loss 1.025
+    rows = [(1 + r / 1e4, 1.02 + a / 1e4, r, a) for r, a in ((100, 200), (200, 300), (300, 500),
+                                                              (400, 600))]
+    assert tables.confound_cells(rows) == f"+1.00, +1.00 | {100 * 0.02 / 1.025:+.2f}%"
+    assert tables.confound_cells(rows[:3]) == '- | -'  # under four seeds
+    # later on 3 seeds, the same on 1, earlier on 1: 3 of 4 differing, p = 2 (4 + 1) / 16
+    assert tables.sign_cell([100, 0, -50, 200, 300]) == "3, 1, 1 (0.625)"
 
 
 def test_the_onset_table_waits_for_every_seed_of_a_pair():
