@@ -1145,41 +1145,52 @@ def diag_gap(ctx, runs, step, key, layer):
     return out
 
 
-def attention_lag_table(ctx, pair, steps, threshold):
+def attention_lag_table(ctx, pair, steps, thresholds):
     """Before and apart from the induction heads: per layer, the arm's attention logit std and
-    entropy minus its reference's at some steps (mean over seeds [95% interval]); then seed by
-    seed the paired gap on the fixed val windows averaged over the evaluations before the earlier
-    of the two onsets (step 0 left out), with how many evaluations that is."""
+    entropy minus its reference's at some steps (mean over seeds [95% interval], marked where
+    the interval at Bonferroni's level over every cell of the table excludes 0 too); then seed by
+    seed, at each threshold, the paired gap on the fixed val windows averaged over the
+    evaluations before the earlier of the two onsets (step 0 left out), with how many evaluations
+    that is, and its mean over seeds with its t test and the seeds where it is positive."""
     runs = pair_runs(ctx, pair)
     if runs is None:
         return f"Not yet: {pair_name(pair)} on every seed.\n"
     layers = len(next(e for e in ctx.log(runs[pair['seeds'][0]][0]) if 'diagnostics' in e)
                  ['diagnostics']['logit_std'])
+    cells = 2 * layers * len(steps)
     rows = md.head('measure', 'layer', *(f"step {k}" for k in steps))
-    for key, name, scale in (('logit_std', 'logit std', 1), ('entropy', 'entropy (nats)', 1)):
+    for key, name in (('logit_std', 'logit std'), ('entropy', 'entropy (nats)')):
         for layer in range(layers):
-            cells = []
+            row = []
             for k in steps:
                 d = list(diag_gap(ctx, runs, k, key, layer).values())
                 m, lo, hi = stats.interval95(d) if len(d) > 1 else (float('nan'),) * 3
-                cells.append(f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" if d else '')
-            rows.append(f"| {name} | {layer} | " + " | ".join(cells) + " |")
+                mark = ' *' if len(d) > 1 and stats.tests(d, 0)['p_t'] < 0.05 / cells else ''
+                row.append(f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]{mark}" if d else '')
+            rows.append(f"| {name} | {layer} | " + " | ".join(row) + " |")
     series = trajectories(ctx, pair['arm'], pair['ref'], pair['seeds'])
-    before = md.head('seed', f'earlier onset at {threshold:g}', 'evaluations before it',
-                     'mean paired gap before it')
-    means = []
+    before = md.head('seed', *(f'{what} {t:g}{after}' for t in thresholds for what, after in (
+        ('earlier onset at', ' (evaluations before it)'), ('mean paired gap before it, at', ''))))
+    means = {t: [] for t in thresholds}
     for seed, (ref, arm) in runs.items():
-        ons = [onset(induction_curve(ctx.log(r)), threshold) for r in (ref, arm)]
-        first = min((o for o in ons if o is not None), default=None)
-        gaps = [g for k, g in series[seed].items() if first is None or k < first]
-        if gaps:
-            means.append(sum(gaps) / len(gaps))
-        before.append(f"| {seed} | {onset_text(first)} | {len(gaps)} | "
-                      + (pct(means[-1]) if gaps else '–') + " |")
-    summary = (f"Over the {len(means)} seeds with evaluations before an onset: "
-               f"{interval_cell(means)} (mean [95% interval]).\n" if len(means) > 1 else "")
+        line = [str(seed)]
+        for t in thresholds:
+            ons = [onset(induction_curve(ctx.log(r)), t) for r in (ref, arm)]
+            first = min((o for o in ons if o is not None), default=None)
+            gaps = [g for k, g in series[seed].items() if first is None or k < first]
+            if gaps:
+                means[t].append(sum(gaps) / len(gaps))
+            line += [f"{onset_text(first)} ({len(gaps)})", pct(means[t][-1]) if gaps else '–']
+        before.append(md.row(line))
+    summary = ''.join(
+        f"At {t:g}, over the {len(m)} seeds with evaluations before an onset: "
+        f"{interval_cell(m)} (mean [95% interval]), t p {fmt_p(stats.tests(m, 0)['p_t'])}, "
+        f"positive on {sum(x > 0 for x in m)} of {len(m)}.\n\n" for t, m in means.items()
+        if len(m) > 1)[:-1]
     return ('\n'.join(rows) + f"\n\n{pair_name(pair)}: the arm minus its reference, mean over "
-            f"seeds {pair['seeds'][0]}–{pair['seeds'][-1]} [95% interval].\n\n"
+            f"seeds {pair['seeds'][0]}–{pair['seeds'][-1]} [95% interval], {cells} intervals, "
+            f"each unadjusted; * marks those whose interval at Bonferroni's 0.05/{cells} "
+            f"({100 * (1 - 0.05 / cells):.1f}%) excludes 0 too.\n\n"
             + '\n'.join(before) + '\n\n' + summary)
 
 

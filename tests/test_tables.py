@@ -344,13 +344,22 @@ def test_the_gap_steps_table_sets_pairs_side_by_side_at_the_steps_they_share(mon
 
 def test_the_attention_table_gives_the_arm_minus_its_reference_and_the_gap_before_the_onsets():
     c = dict(label='4×', arm='arm', ref='ref', seeds=(1, 2, 3, 4))
-    text = tables.attention_lag_table(onsets_ctx(), c, (500, 1000), 0.05)
-    # the arm's logit std runs ahead by t/1000 on every seed: +0.5 at 500, +1 at 1000
-    assert "| logit std | 0 | +0.500 [+0.500, +0.500] | +1.000 [+1.000, +1.000] |" in text
-    assert "| entropy (nats) | 0 | +0.000 [" in text
+    text = tables.attention_lag_table(onsets_ctx(), c, (500, 1000), (0.05, 0.5))
+    # the arm's logit std runs ahead by t/1000 on every seed: +0.5 at 500, +1 at 1000, on every
+    # seed, so at any level; the entropy is the same in both arms
+    assert ("| logit std | 0 | +0.500 [+0.500, +0.500] * | +1.000 [+1.000, +1.000] * |"
+            in text)
+    assert "| entropy (nats) | 0 | +0.000 [+0.000, +0.000] | +0.000 [+0.000, +0.000] |" in text
+    assert "4 intervals, each unadjusted; * marks those whose interval at Bonferroni's 0.05/4" \
+        in text
     # seed 1: onsets 200 and 300, one evaluation (100) before the earlier; its gap there is
-    # 100 * ((1.01 + 0.9) - (1 + 0.9)) / 1.9
-    assert f"| 1 | 200 | 1 | {100 * 0.01 / 1.9:+.2f}% |" in text
+    # 100 * ((1.01 + 0.9) - (1 + 0.9)) / 1.9. Nobody reaches 0.5: every evaluation counts
+    every = [100 * 0.01 / (1 + (1000 - t) / 1000) for t in range(100, 1100, 100)]
+    assert (f"| 1 | 200 (1) | {100 * 0.01 / 1.9:+.2f}% | never (10) | "
+            f"{sum(every) / 10:+.2f}% |") in text
+    # seed 3 has no gap: positive on the other three
+    assert "At 0.05, over the 4 seeds with evaluations before an onset: +" in text
+    assert "positive on 3 of 4.\n\nAt 0.5, over the 4 seeds" in text
 
 
 class Schedules:

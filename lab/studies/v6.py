@@ -94,7 +94,7 @@ tables = dict(
     v6_onsets=dict(kind='onsets', pairs=PAIRS, thresholds=THRESHOLDS),
     v6_gap_steps=dict(kind='gap_steps', pairs=PAIRS, steps=STEPS),
     v6_attention=dict(kind='attention_lag', pair=PAIRS[0], steps=(100, 200, 400, 800, 1600, 4800),
-                      threshold=THRESHOLDS[0]),
+                      thresholds=THRESHOLDS),
     v6_check=dict(kind='rerun', arms=('baseline_anneal',), seed=TEST[0], tag='rerun_v6'),
     v6_check_16x=dict(kind='tuning', arms=(B16, I16), also=('bracket 16x',)),
     v6_tuning_query=dict(kind='tuning', arms=(Q4, N4)),
