@@ -488,12 +488,12 @@ def decisions_table(ctx, comparisons, family, margin, beside=(), one_level=False
                    'resolution', 'verdict')
     for c, r in zip(comparisons, found):
         rows.append(decision_row(c.get('name') or pair_name(c), r))
-    for c in [dict(c, unpaired=False) for c in comparisons if c.get('unpaired')] + list(beside):
-        alone = stats.compare([list(ctx.gaps(c['arm'], c['ref'], c['seeds']).values())], margin,
+    paired = [dict(c, unpaired=False, how=', paired') for c in comparisons if c.get('unpaired')]
+    for c in paired + list(beside):  # each read as declared: Welch where unpaired
+        alone = stats.compare([unpaired_tests(ctx, c, margin) if c.get('unpaired') else
+                               list(ctx.gaps(c['arm'], c['ref'], c['seeds']).values())], margin,
                               worse_margin=margin)[0]
-        rows.append(decision_row(f"{pair_name(c)}, paired (outside the family, unadjusted)"
-                                 if 'unpaired' in c else
-                                 f"{pair_name(c)} (outside the family, unadjusted)", alone))
+        rows.append(decision_row(pair_name(c) + c.get('how', ''), alone, outside=True))
     pairs = [c for c in comparisons if 'combine' not in c] + list(beside)
     missing = family - len(comparisons)
     level = (f"each at Bonferroni's 0.05/{family}, as the family's intervals, so that all of "
@@ -514,18 +514,23 @@ def unpaired_tests(ctx, c, margin):
     return stats.welch_tests(*losses, margin)
 
 
-def decision_row(name, r):
+def decision_row(name, r, outside=False):
+    """One comparison's row; outside the family its name says so, unadjusted, and its verdict
+    word is plain: a bold verdict is the family's alone."""
+    name += ', unpaired' if r.get('unpaired') else ''
+    name += ' (outside the family, unadjusted)' if outside else ''
+    verdict = f"{r['verdict']}" if outside else f"**{r['verdict']}**"
     if r.get('unpaired'):  # the gap of the two arms' means, with its standard error
-        return (f"| {name}, unpaired | {r['n']} + {r['n_ref']} | {pct(r['mean'])} (se "
+        return (f"| {name} | {r['n']} + {r['n_ref']} | {pct(r['mean'])} (se "
                 f"{r['se']:.2f}%) | [{pct(r['mean'] - r['half'])}, {pct(r['mean'] + r['half'])}] "
                 f"({100 * r['level']:.1f}%) | {fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])}) | – | "
                 f"{fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) | {fmt_p(r['p_ni'])} "
                 f"({fmt_p(r['p_ni_holm'])}) | {pct(r['ni_bound'])}, ±{r['tost_bound']:.2f}% | "
-                f"{r['mde']:.2f}% | **{r['verdict']}** |")
+                f"{r['mde']:.2f}% | {verdict} |")
     return (f"| {name} | {r['n']} | {gap_cells(r)} | {fmt_p(r['p_perm'])} | "
             f"{fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) | {fmt_p(r['p_ni'])} "
             f"({fmt_p(r['p_ni_holm'])}) | {pct(r['ni_bound'])}, ±{r['tost_bound']:.2f}% | "
-            f"{r['mde']:.2f}% | **{r['verdict']}** |")
+            f"{r['mde']:.2f}% | {verdict} |")
 
 
 def claims_table(ctx, comparisons, texts, stability):

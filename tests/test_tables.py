@@ -229,12 +229,18 @@ def test_an_unpaired_comparison_is_read_by_welch_with_the_paired_reading_beside_
     ctx = Losses({**{('x', s): v for s, v in arm.items()},
                   **{('y', s): v for s, v in ref.items()}})
     c = dict(label='f', arm='x', ref='y', seeds=(1, 2, 3, 4), unpaired=True)
-    rows = tables.decisions_table(ctx, [c], family=1, margin=0.5).splitlines()
+    beside = [dict(c, label="f'")]  # declared unpaired beside the family: read unpaired too
+    rows = tables.decisions_table(ctx, [c], family=1, margin=0.5, beside=beside).splitlines()
     welch = next(line for line in rows if line.startswith('| f x − y, unpaired |'))
     gap = 100 * (sum(arm.values()) - sum(ref.values())) / sum(ref.values())
     assert welch.split(' | ')[1] == '4 + 4' and f"{gap:+.2f}% (se " in welch
-    assert any(line.startswith('| f x − y, paired (outside the family, unadjusted) |')
-               for line in rows)
+    assert welch.endswith('| **worse** |')  # the family's verdict, in bold
+    paired = next(line for line in rows
+                  if line.startswith('| f x − y, paired (outside the family, unadjusted) |'))
+    outside = next(line for line in rows
+                   if line.startswith("| f' x − y, unpaired (outside the family, unadjusted) |"))
+    assert outside.split(' | ')[1:3] == welch.split(' | ')[1:3]  # Welch's gap, as declared
+    assert paired.endswith('| worse |') and outside.endswith('| worse |')  # no bold outside
 
 
 def test_the_tokens_table_gives_each_budgets_paired_and_unpaired_gap_and_waits_for_seeds():
