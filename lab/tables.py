@@ -1104,11 +1104,12 @@ def point_gaps(ctx, c, step):
             if step in g}
 
 
-def tokens_schedule_table(ctx, long, short, points):
+def tokens_schedule_table(ctx, long, short, points, post_hoc=None):
     """The long pair's paired gap beside the short pair's at matched points, each a (long step,
     short step): the same tokens at different points of the two schedules, or the same point of
     the schedule at more tokens. Each row gives both gaps on the seeds the pairs share and the
-    mean of the seed-by-seed differences, with its 95% interval: outside any Holm family."""
+    mean of the seed-by-seed differences, with its 95% interval: outside any Holm family.
+    post_hoc: when the table was added after results were seen, which, said first."""
     seeds = [s for s in long['seeds'] if s in short['seeds']]
     L, R = long['label'], short['label']
     rows = md.head(f'step ({L}, {R})', f'tokens ({L}, {R})', f'LR, % of peak ({L}, {R})',
@@ -1130,7 +1131,9 @@ def tokens_schedule_table(ctx, long, short, points):
                     f"{interval_cell([b[s] for s in seeds])} | {interval_cell(moves)} | "
                     f"{fmt_p(stats.tests(moves, 0)['p_t'])} | "
                     f"{sum(x > 0 for x in moves)} of {len(seeds)} |")
-    return ('\n'.join(rows) + f"\n\nPaired gaps on seeds {seeds[0]}–{seeds[-1]}, the seeds both "
+    return ('\n'.join(rows) + "\n\n" + (f"Post hoc: every row of this table was added by an "
+                                         f"amendment {post_hoc}. " if post_hoc else "")
+            + f"Paired gaps on seeds {seeds[0]}–{seeds[-1]}, the seeds both "
             f"pairs have; {L}: {long['arm']} − {long['ref']}; {R}: {short['arm']} − "
             f"{short['ref']}. A step's gap is on the fixed val windows, the end's on the full val "
             f"loss. {L} − {R}: the mean over seeds of each seed's {L} gap minus its {R} gap, with "

@@ -429,7 +429,12 @@ def test_the_tokens_schedule_table_matches_tokens_or_the_point_of_the_schedule_s
     assert rows[5].startswith("| end, end | 16.00M, 4.00M | 10.0, 10.0 | point of the schedule "
                               "| +1.50% [")
     assert "| +3.00% [+3.00%, +3.00%] | -1.50% [" in rows[5] and rows[5].endswith("| 0 of 2 |")
-    assert "seeds 1–2" in text
+    assert "seeds 1–2" in text and "Post hoc" not in text
+    # a table added after results were seen says so first
+    late = tables.tokens_schedule_table(ctx, long, short, (('end', 'end'),),
+                                        post_hoc="made after 1 of 3 seeds")
+    assert "\n\nPost hoc: every row of this table was added by an amendment made after 1 of 3 " \
+        "seeds. Paired gaps on seeds 1–2" in late
 
 
 def test_the_tokens_schedule_table_waits_for_every_shared_seed_of_either_pair():
