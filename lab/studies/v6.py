@@ -1,7 +1,7 @@
-"""Experiment v6: why W_Q = I costs at 4x, and whether it lasts (docs/experiments.md).
+"""Experiment v6: what W_Q = I's 4x cost goes with, and whether it lasts (docs/experiments.md).
 
 v5's 4x pair at scale 1/8 and lambda 0.1 (W_Q learned against W_Q = I) is the reference, reused by
-name with v4's and v5's 1x and 4x runs that the mechanism tables read. New runs: the same pair at
+name with v4's and v5's 1x and 4x runs that the onset tables read. New runs: the same pair at
 16x the tokens (19,200 steps), its LRs checked on selection seed 201 at v5's 4x selections and one
 sqrt(2) step below, then tested on seeds 301-306; and at 4x a cheap query, the follow-up's
 nonlinear query at rank n_embd/8 on top of x (q = x + f(x)), tuned on 201-203 and tested on
@@ -80,7 +80,7 @@ J = dict(label='j', arm=I16, ref=B16, seeds=TEST_16X, unpaired=True)  # does the
 K = dict(label='k', arm=Q4, ref=B4, seeds=TEST, unpaired=True)  # does a cheap query recover it?
 BESIDE = [  # outside the family, unadjusted
     dict(label="k'", arm=Q4, ref=I4, seeds=TEST, unpaired=True)]
-# the mechanism, on v4's and v5's committed runs (the design's item 2)
+# what the cost goes with, on v4's and v5's committed runs (the design's item 2)
 PAIRS = [
     dict(label='4×', arm=I4, ref=B4, seeds=TEST),  # v5's 4x pair: f
     dict(label='1×', arm='identity_anneal_wd0.1', ref='baseline_anneal', seeds=TEST),  # v5's a
