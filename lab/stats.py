@@ -80,6 +80,32 @@ def sign_flip_p(gaps):
     return hits / 2 ** len(gaps)
 
 
+def spearman_p(xs, ys):
+    """The exact two-sided permutation p of Spearman's rho (mid-ranks for ties): the share of
+    the n! pairings of ys with xs whose |rho| is at least the observed one. Counted over subsets
+    of ys (2^n arrays of rank-product sums, each pairing once), so 10 seeds cost milliseconds
+    rather than 3.6 million correlations. scipy's p is a t approximation, not exact at a few
+    seeds."""
+    import numpy as np
+    from scipy.stats import rankdata
+    n = len(xs)
+    a, b = (np.rint(2 * rankdata(v)).astype(int) for v in (xs, ys))  # mid-ranks: halves
+    centre = n * (n + 1) ** 2  # the sum of a_i b_pi(i) when rho is 0: n times (n + 1)^2
+    observed = abs(int(a @ b) - centre)
+    top = int(np.sort(a) @ np.sort(b)) + 1
+    counts = np.zeros((2 ** n, top), dtype=np.int64)  # [ys used][sum so far]: pairings
+    counts[0, 0] = 1
+    for used in range(2 ** n):  # xs paired in order: the next is x number popcount(used)
+        if counts[used].any():
+            k = bin(used).count('1')
+            for j in range(n):
+                if not used >> j & 1:
+                    add = int(a[k] * b[j])
+                    counts[used | 1 << j, add:] += counts[used, :top - add]
+    sums = np.arange(top)
+    return float(counts[-1][np.abs(sums - centre) >= observed].sum() / math.factorial(n))
+
+
 def tost_p(gaps, margin):
     """Two one-sided t tests that the mean gap lies within +-margin: the larger of their p."""
     mean, sd = mean_sd(gaps)

@@ -488,12 +488,12 @@ def decisions_table(ctx, comparisons, family, margin, beside=(), one_level=False
                    'resolution', 'verdict')
     for c, r in zip(comparisons, found):
         rows.append(decision_row(c.get('name') or pair_name(c), r))
-    for c in [dict(c, unpaired=False) for c in comparisons if c.get('unpaired')] + list(beside):
-        alone = stats.compare([list(ctx.gaps(c['arm'], c['ref'], c['seeds']).values())], margin,
+    paired = [dict(c, unpaired=False, how=', paired') for c in comparisons if c.get('unpaired')]
+    for c in paired + list(beside):  # each read as declared: Welch where unpaired
+        alone = stats.compare([unpaired_tests(ctx, c, margin) if c.get('unpaired') else
+                               list(ctx.gaps(c['arm'], c['ref'], c['seeds']).values())], margin,
                               worse_margin=margin)[0]
-        rows.append(decision_row(f"{pair_name(c)}, paired (outside the family, unadjusted)"
-                                 if 'unpaired' in c else
-                                 f"{pair_name(c)} (outside the family, unadjusted)", alone))
+        rows.append(decision_row(pair_name(c) + c.get('how', ''), alone, outside=True))
     pairs = [c for c in comparisons if 'combine' not in c] + list(beside)
     missing = family - len(comparisons)
     level = (f"each at Bonferroni's 0.05/{family}, as the family's intervals, so that all of "
@@ -514,18 +514,23 @@ def unpaired_tests(ctx, c, margin):
     return stats.welch_tests(*losses, margin)
 
 
-def decision_row(name, r):
+def decision_row(name, r, outside=False):
+    """One comparison's row; outside the family its name says so, unadjusted, and its verdict
+    word is plain: a bold verdict is the family's alone."""
+    name += ', unpaired' if r.get('unpaired') else ''
+    name += ' (outside the family, unadjusted)' if outside else ''
+    verdict = f"{r['verdict']}" if outside else f"**{r['verdict']}**"
     if r.get('unpaired'):  # the gap of the two arms' means, with its standard error
-        return (f"| {name}, unpaired | {r['n']} + {r['n_ref']} | {pct(r['mean'])} (se "
+        return (f"| {name} | {r['n']} + {r['n_ref']} | {pct(r['mean'])} (se "
                 f"{r['se']:.2f}%) | [{pct(r['mean'] - r['half'])}, {pct(r['mean'] + r['half'])}] "
                 f"({100 * r['level']:.1f}%) | {fmt_p(r['p_t'])} ({fmt_p(r['p_t_holm'])}) | – | "
                 f"{fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) | {fmt_p(r['p_ni'])} "
                 f"({fmt_p(r['p_ni_holm'])}) | {pct(r['ni_bound'])}, ±{r['tost_bound']:.2f}% | "
-                f"{r['mde']:.2f}% | **{r['verdict']}** |")
+                f"{r['mde']:.2f}% | {verdict} |")
     return (f"| {name} | {r['n']} | {gap_cells(r)} | {fmt_p(r['p_perm'])} | "
             f"{fmt_p(r['p_tost'])} ({fmt_p(r['p_tost_holm'])}) | {fmt_p(r['p_ni'])} "
             f"({fmt_p(r['p_ni_holm'])}) | {pct(r['ni_bound'])}, ±{r['tost_bound']:.2f}% | "
-            f"{r['mde']:.2f}% | **{r['verdict']}** |")
+            f"{r['mde']:.2f}% | {verdict} |")
 
 
 def claims_table(ctx, comparisons, texts, stability):
@@ -949,12 +954,14 @@ def censored_onset(ctx, run, threshold):
 
 
 def onset_row(ctx, ref, arm, threshold):
-    """One seed: (final gap %, (ref onset, arm onset), delay counted, (ref peak, arm peak))."""
+    """One seed: (final gap %, (ref onset, arm onset), delay counted, (ref peak, arm peak),
+    (ref onset counted, arm onset counted))."""
     ons = [censored_onset(ctx, r, threshold) for r in (ref, arm)]
     peaks = [max(v[0] for v in induction_curve(ctx.log(r)).values()) for r in (ref, arm)]
     gap = 100 * (ctx.loss(arm) - ctx.loss(ref)) / ctx.loss(ref)
     both_never = ons[0][0] is None and ons[1][0] is None
-    return gap, (ons[0][0], ons[1][0]), None if both_never else ons[1][1] - ons[0][1], peaks
+    return (gap, (ons[0][0], ons[1][0]), None if both_never else ons[1][1] - ons[0][1], peaks,
+            (ons[0][1], ons[1][1]))
 
 
 def onset_text(step):
@@ -962,51 +969,95 @@ def onset_text(step):
 
 
 def correlation_cells(xs, ys):
-    """'r [95% interval] (p) | Spearman rho (p)' of paired values; '-' under four points."""
+    """'r [95% interval] (p) | Spearman rho (exact p)' of paired values; '-' under four
+    points."""
     from scipy.stats import pearsonr, spearmanr
     if len(xs) < 4 or len(set(xs)) < 2:
         return '- | -'
     r, p = pearsonr(xs, ys)
     lo, hi = stats.fisher_interval(r, len(xs))
-    rho, p_rho = spearmanr(xs, ys)
-    return f"{r:+.2f} [{lo:+.2f}, {hi:+.2f}] ({fmt_p(p)}) | {rho:+.2f} ({fmt_p(p_rho)})"
+    rho = spearmanr(xs, ys)[0]
+    return (f"{r:+.2f} [{lo:+.2f}, {hi:+.2f}] ({fmt_p(p)}) | {rho:+.2f} "
+            f"({fmt_p(stats.spearman_p(xs, ys))})")
+
+
+def sign_cell(delays):
+    """'later, same, earlier (p)': the arm's onset against its reference's seed by seed, with
+    the exact two-sided sign test over the seeds whose onsets differ."""
+    from scipy.stats import binomtest
+    later, earlier = sum(d > 0 for d in delays), sum(d < 0 for d in delays)
+    p = binomtest(later, later + earlier).pvalue if later + earlier else 1.0
+    return f"{later}, {len(delays) - later - earlier}, {earlier} ({fmt_p(p)})"
+
+
+def confound_cells(rows):
+    """'r within ref, r within arm | gap at equal onset' over rows of (ref loss, arm loss, ref
+    onset, arm onset): each arm's Pearson r of its runs' full val loss with their onsets, and the
+    arm indicator's coefficient in a least-squares fit of every run's full val loss on its onset
+    and the arm, in % of the reference's mean loss (descriptive: no interval)."""
+    import numpy as np
+    from scipy.stats import pearsonr
+    if len(rows) < 4 or any(len(set(r[i] for r in rows)) < 2 for i in range(4)):
+        return '- | -'
+    ref, arm, ref_on, arm_on = (list(v) for v in zip(*rows))
+    within = [pearsonr(on, loss)[0] for on, loss in ((ref_on, ref), (arm_on, arm))]
+    design = np.column_stack([np.ones(2 * len(rows)), ref_on + arm_on,
+                              [0] * len(rows) + [1] * len(rows)])
+    fit = np.linalg.lstsq(design, np.array(ref + arm), rcond=None)[0]
+    return (f"{within[0]:+.2f}, {within[1]:+.2f} | "
+            f"{pct(100 * fit[2] / (sum(ref) / len(ref)))}")
 
 
 def onsets_table(ctx, pairs, thresholds):
-    """Seed by seed, for each pair: the final gap (full val loss), both arms' induction onsets at
-    the first threshold (the first evaluation whose strongest head reaches it), the delay, and
-    both arms' peak scores; then, at every threshold, the correlation of the final gap with the
-    delay across seeds (Pearson with Fisher's 95% interval, Spearman beside). A never counts as
-    the run's last evaluation plus one interval; a seed where neither arm reaches the threshold
-    has no delay and sits out the correlation."""
+    """Seed by seed, for each pair: the final gap (full val loss) and both arms' full val loss,
+    both arms' induction onsets at the first threshold (the first evaluation whose strongest head
+    reaches it), the delay, and both arms' peak scores; then, at every threshold, how many seeds'
+    arm forms its head later (sign test), the correlation of the final gap with the delay across
+    seeds (Pearson with Fisher's 95% interval, Spearman beside, its p exact), and beside them what
+    confounds it: within each arm, the correlation of the full val loss with the onset, and the
+    gap at equal onset (confound_cells). A never counts as the run's last evaluation plus one
+    interval; a seed where neither arm reaches the threshold has no delay and sits out."""
     done = [(c, runs) for c in pairs if (runs := pair_runs(ctx, c))]
     rest = [pair_name(c) for c in pairs if not pair_runs(ctx, c)]
     note = f"\nNot yet: {', '.join(rest)}.\n" if rest else ""
     if not done:
         return note.lstrip('\n')
     first = thresholds[0]
-    rows = md.head('pair', 'seed', 'final gap', f'onset at {first:g} (ref, arm)',
-                   'delay (steps)', 'peak score (ref, arm)')
+    rows = md.head('pair', 'seed', 'final gap', 'full val loss (ref, arm)',
+                   f'onset at {first:g} (ref, arm)', 'delay (steps)', 'peak score (ref, arm)')
     for c, runs in done:
         for seed, (ref, arm) in runs.items():
-            gap, ons, delay, peaks = onset_row(ctx, ref, arm, first)
-            rows.append(f"| {c['label']} | {seed} | {pct(gap)} | {onset_text(ons[0])}, "
+            gap, ons, delay, peaks, _ = onset_row(ctx, ref, arm, first)
+            rows.append(f"| {c['label']} | {seed} | {pct(gap)} | {ctx.loss(ref):.4f}, "
+                        f"{ctx.loss(arm):.4f} | {onset_text(ons[0])}, "
                         f"{onset_text(ons[1])} | {'–' if delay is None else f'{delay:+d}'} | "
                         f"{peaks[0]:.3f}, {peaks[1]:.3f} |")
-    lines = md.head('pair', 'threshold', 'seeds with a delay', 'mean delay (steps)',
-                    'r of the final gap with the delay [95%] (p)', 'Spearman ρ (p)')
+    lines = md.head('pair', 'threshold', 'seeds with a delay',
+                    'arm later, same, earlier (sign test p)', 'mean delay (steps)',
+                    'r of the final gap with the delay [95%] (p)', 'Spearman ρ (exact p)',
+                    'r of the full val loss with the onset, within ref, within arm',
+                    'gap at equal onset')
     for c, runs in done:
         for threshold in thresholds:
-            found = [onset_row(ctx, ref, arm, threshold) for ref, arm in runs.values()]
-            found = [(d, g) for g, _, d, _ in found if d is not None]
-            delays, gaps = [d for d, _ in found], [g for _, g in found]
+            found = [(onset_row(ctx, ref, arm, threshold), ctx.loss(ref), ctx.loss(arm))
+                     for ref, arm in runs.values()]
+            found = [(d, g, (lr, la, *on)) for (g, _, d, _, on), lr, la in found if d is not None]
+            delays, gaps = [d for d, _, _ in found], [g for _, g, _ in found]
             mean = f"{sum(delays) / len(delays):+.0f}" if delays else '–'
             lines.append(f"| {c['label']} | {threshold:g} | {len(found)} of {len(runs)} | "
-                         f"{mean} | " + correlation_cells(delays, gaps) + " |")
+                         f"{sign_cell(delays) if delays else '–'} | {mean} | "
+                         + correlation_cells(delays, gaps) + " | "
+                         + confound_cells([x for _, _, x in found]) + " |")
     legend = '; '.join(f"{c['label']}: {c['arm']} − {c['ref']}" for c, _ in done)
     return ('\n'.join(rows) + '\n\n' + '\n'.join(lines) + f"\n\nPairs: {legend}. A never counts "
             "as the run's last evaluation plus one interval (a lower bound); a seed where neither "
-            "arm reaches the threshold has no delay.\n" + note)
+            "arm reaches the threshold has no delay and sits out. Sign test: exact, two-sided, "
+            "over the seeds whose onsets differ. Spearman's p: exact, over every pairing of the "
+            "delays with the gaps. Within each arm: Pearson's r of its runs' full val loss with "
+            "their onsets, over the same seeds. Gap at equal onset: the arm's coefficient in a "
+            "least-squares fit of every run's full val loss on its onset and its arm, in % of the "
+            "reference's mean loss; descriptive (the onset is an outcome of training, not a "
+            "treatment), no interval.\n" + note)
 
 
 def gap_steps_table(ctx, pairs, steps):
@@ -1055,11 +1106,12 @@ def point_gaps(ctx, c, step):
             if step in g}
 
 
-def tokens_schedule_table(ctx, long, short, points):
+def tokens_schedule_table(ctx, long, short, points, post_hoc=None):
     """The long pair's paired gap beside the short pair's at matched points, each a (long step,
     short step): the same tokens at different points of the two schedules, or the same point of
     the schedule at more tokens. Each row gives both gaps on the seeds the pairs share and the
-    mean of the seed-by-seed differences, with its 95% interval: outside any Holm family."""
+    mean of the seed-by-seed differences, with its 95% interval: outside any Holm family.
+    post_hoc: when the table was added after results were seen, which, said first."""
     seeds = [s for s in long['seeds'] if s in short['seeds']]
     L, R = long['label'], short['label']
     rows = md.head(f'step ({L}, {R})', f'tokens ({L}, {R})', f'LR, % of peak ({L}, {R})',
@@ -1081,7 +1133,9 @@ def tokens_schedule_table(ctx, long, short, points):
                     f"{interval_cell([b[s] for s in seeds])} | {interval_cell(moves)} | "
                     f"{fmt_p(stats.tests(moves, 0)['p_t'])} | "
                     f"{sum(x > 0 for x in moves)} of {len(seeds)} |")
-    return ('\n'.join(rows) + f"\n\nPaired gaps on seeds {seeds[0]}–{seeds[-1]}, the seeds both "
+    return ('\n'.join(rows) + "\n\n" + (f"Post hoc: every row of this table was added by an "
+                                         f"amendment {post_hoc}. " if post_hoc else "")
+            + f"Paired gaps on seeds {seeds[0]}–{seeds[-1]}, the seeds both "
             f"pairs have; {L}: {long['arm']} − {long['ref']}; {R}: {short['arm']} − "
             f"{short['ref']}. A step's gap is on the fixed val windows, the end's on the full val "
             f"loss. {L} − {R}: the mean over seeds of each seed's {L} gap minus its {R} gap, with "
@@ -1101,41 +1155,52 @@ def diag_gap(ctx, runs, step, key, layer):
     return out
 
 
-def attention_lag_table(ctx, pair, steps, threshold):
+def attention_lag_table(ctx, pair, steps, thresholds):
     """Before and apart from the induction heads: per layer, the arm's attention logit std and
-    entropy minus its reference's at some steps (mean over seeds [95% interval]); then seed by
-    seed the paired gap on the fixed val windows averaged over the evaluations before the earlier
-    of the two onsets (step 0 left out), with how many evaluations that is."""
+    entropy minus its reference's at some steps (mean over seeds [95% interval], marked where
+    the interval at Bonferroni's level over every cell of the table excludes 0 too); then seed by
+    seed, at each threshold, the paired gap on the fixed val windows averaged over the
+    evaluations before the earlier of the two onsets (step 0 left out), with how many evaluations
+    that is, and its mean over seeds with its t test and the seeds where it is positive."""
     runs = pair_runs(ctx, pair)
     if runs is None:
         return f"Not yet: {pair_name(pair)} on every seed.\n"
     layers = len(next(e for e in ctx.log(runs[pair['seeds'][0]][0]) if 'diagnostics' in e)
                  ['diagnostics']['logit_std'])
+    cells = 2 * layers * len(steps)
     rows = md.head('measure', 'layer', *(f"step {k}" for k in steps))
-    for key, name, scale in (('logit_std', 'logit std', 1), ('entropy', 'entropy (nats)', 1)):
+    for key, name in (('logit_std', 'logit std'), ('entropy', 'entropy (nats)')):
         for layer in range(layers):
-            cells = []
+            row = []
             for k in steps:
                 d = list(diag_gap(ctx, runs, k, key, layer).values())
                 m, lo, hi = stats.interval95(d) if len(d) > 1 else (float('nan'),) * 3
-                cells.append(f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" if d else '')
-            rows.append(f"| {name} | {layer} | " + " | ".join(cells) + " |")
+                mark = ' *' if len(d) > 1 and stats.tests(d, 0)['p_t'] < 0.05 / cells else ''
+                row.append(f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]{mark}" if d else '')
+            rows.append(f"| {name} | {layer} | " + " | ".join(row) + " |")
     series = trajectories(ctx, pair['arm'], pair['ref'], pair['seeds'])
-    before = md.head('seed', f'earlier onset at {threshold:g}', 'evaluations before it',
-                     'mean paired gap before it')
-    means = []
+    before = md.head('seed', *(f'{what} {t:g}{after}' for t in thresholds for what, after in (
+        ('earlier onset at', ' (evaluations before it)'), ('mean paired gap before it, at', ''))))
+    means = {t: [] for t in thresholds}
     for seed, (ref, arm) in runs.items():
-        ons = [onset(induction_curve(ctx.log(r)), threshold) for r in (ref, arm)]
-        first = min((o for o in ons if o is not None), default=None)
-        gaps = [g for k, g in series[seed].items() if first is None or k < first]
-        if gaps:
-            means.append(sum(gaps) / len(gaps))
-        before.append(f"| {seed} | {onset_text(first)} | {len(gaps)} | "
-                      + (pct(means[-1]) if gaps else '–') + " |")
-    summary = (f"Over the {len(means)} seeds with evaluations before an onset: "
-               f"{interval_cell(means)} (mean [95% interval]).\n" if len(means) > 1 else "")
+        line = [str(seed)]
+        for t in thresholds:
+            ons = [onset(induction_curve(ctx.log(r)), t) for r in (ref, arm)]
+            first = min((o for o in ons if o is not None), default=None)
+            gaps = [g for k, g in series[seed].items() if first is None or k < first]
+            if gaps:
+                means[t].append(sum(gaps) / len(gaps))
+            line += [f"{onset_text(first)} ({len(gaps)})", pct(means[t][-1]) if gaps else '–']
+        before.append(md.row(line))
+    summary = ''.join(
+        f"At {t:g}, over the {len(m)} seeds with evaluations before an onset: "
+        f"{interval_cell(m)} (mean [95% interval]), t p {fmt_p(stats.tests(m, 0)['p_t'])}, "
+        f"positive on {sum(x > 0 for x in m)} of {len(m)}.\n\n" for t, m in means.items()
+        if len(m) > 1)[:-1]
     return ('\n'.join(rows) + f"\n\n{pair_name(pair)}: the arm minus its reference, mean over "
-            f"seeds {pair['seeds'][0]}–{pair['seeds'][-1]} [95% interval].\n\n"
+            f"seeds {pair['seeds'][0]}–{pair['seeds'][-1]} [95% interval], {cells} intervals, "
+            f"each unadjusted; * marks those whose interval at Bonferroni's 0.05/{cells} "
+            f"({100 * (1 - 0.05 / cells):.1f}%) excludes 0 too.\n\n"
             + '\n'.join(before) + '\n\n' + summary)
 
 

@@ -48,6 +48,25 @@ def test_sign_flip_p_equals_counting_every_pattern_one_by_one():
             assert stats.sign_flip_p(gaps) == by_enumeration(gaps), gaps
 
 
+def test_spearmans_exact_p_counts_every_pairing_ties_included():
+    """Against the n! pairings enumerated, each one's rho from scipy; and by hand: four points
+    in order reach |rho| = 1 only in their order and its reverse, 2 of 24."""
+    from scipy.stats import spearmanr
+    rng = random.Random(0)
+    assert stats.spearman_p([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(2 / 24)
+    for n in range(4, 8):
+        for xs in ([rng.choice((0, 100, 200)) for _ in range(n)],  # ties, as onset steps have
+                   [rng.gauss(0, 1) for _ in range(n)]):
+            ys = [round(rng.gauss(0, 1), 1) for _ in range(n)]
+            if len(set(xs)) < 2 or len(set(ys)) < 2:
+                continue
+            observed = abs(spearmanr(xs, ys)[0])
+            rhos = [abs(spearmanr(xs, [ys[i] for i in p])[0])
+                    for p in itertools.permutations(range(n))]
+            hits = sum(r >= observed - 1e-9 for r in rhos)
+            assert stats.spearman_p(xs, ys) == pytest.approx(hits / len(rhos)), (xs, ys)
+
+
 def test_resolution_is_the_gap_a_t_test_detects_with_80_percent_power():
     # simulated paired t tests at the returned gap: 80% of them reject (+-0.6% at 3 sigma)
     from scipy import stats as scipy_stats

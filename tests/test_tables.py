@@ -231,12 +231,18 @@ def test_an_unpaired_comparison_is_read_by_welch_with_the_paired_reading_beside_
     ctx = Losses({**{('x', s): v for s, v in arm.items()},
                   **{('y', s): v for s, v in ref.items()}})
     c = dict(label='f', arm='x', ref='y', seeds=(1, 2, 3, 4), unpaired=True)
-    rows = tables.decisions_table(ctx, [c], family=1, margin=0.5).splitlines()
+    beside = [dict(c, label="f'")]  # declared unpaired beside the family: read unpaired too
+    rows = tables.decisions_table(ctx, [c], family=1, margin=0.5, beside=beside).splitlines()
     welch = next(line for line in rows if line.startswith('| f x − y, unpaired |'))
     gap = 100 * (sum(arm.values()) - sum(ref.values())) / sum(ref.values())
     assert welch.split(' | ')[1] == '4 + 4' and f"{gap:+.2f}% (se " in welch
-    assert any(line.startswith('| f x − y, paired (outside the family, unadjusted) |')
-               for line in rows)
+    assert welch.endswith('| **worse** |')  # the family's verdict, in bold
+    paired = next(line for line in rows
+                  if line.startswith('| f x − y, paired (outside the family, unadjusted) |'))
+    outside = next(line for line in rows
+                   if line.startswith("| f' x − y, unpaired (outside the family, unadjusted) |"))
+    assert outside.split(' | ')[1:3] == welch.split(' | ')[1:3]  # Welch's gap, as declared
+    assert paired.endswith('| worse |') and outside.endswith('| worse |')  # no bold outside
 
 
 def test_the_tokens_table_gives_each_budgets_paired_and_unpaired_gap_and_waits_for_seeds():
@@ -301,14 +307,29 @@ def onsets_ctx(never_seed=True):
 def test_the_onset_table_gives_each_seeds_delay_counting_a_never_as_a_lower_bound():
     c = dict(label='4×', arm='arm', ref='ref', seeds=(1, 2, 3, 4, 5, 6))
     text = tables.onsets_table(onsets_ctx(), [c], (0.05,))
-    assert "| 4× | 2 | +3.00% | 200, 500 | +300 | 0.200, 0.100 |" in text
+    assert "| 4× | 2 | +3.00% | 1.0000, 1.0300 | 200, 500 | +300 | 0.200, 0.100 |" in text
     # never: the last evaluation (1000) plus one interval, 1100 - 400 = +700
-    assert "| 4× | 5 | +7.00% | 400, never | +700 | 0.200, 0.010 |" in text
-    assert "| 4× | 6 | +1.00% | never, never | – | 0.010, 0.010 |" in text  # no delay
-    # delays 100, 300, 0, 200, 700 against gaps 1, 3, 0, 2, 7: an exact line, r = +1
-    assert "| 4× | 0.05 | 5 of 6 | +260 | +1.00 [+1.00, +1.00] (0e+00) | +1.00 (" in text
+    assert "| 4× | 5 | +7.00% | 1.0000, 1.0700 | 400, never | +700 | 0.200, 0.010 |" in text
+    assert "| 4× | 6 | +1.00% | 1.0000, 1.0100 | never, never | – | 0.010, 0.010 |" in text
+    # delays 100, 300, 0, 200, 700 against gaps 1, 3, 0, 2, 7: an exact line, r = +1; the arm
+    # later on 4 seeds, the same on 1 (sign test 2/16); rho +1 in 2 of the 120 pairings; every
+    # reference loss the same, so no correlation within it
+    assert ("| 4× | 0.05 | 5 of 6 | 4, 1, 0 (0.125) | +260 | +1.00 [+1.00, +1.00] (0e+00) | "
+            "+1.00 (0.017) | - | - |") in text
     # a threshold nobody reaches: no seed has a delay, no correlation
-    assert "| 4× | 0.5 | 0 of 6 | – | - | - |" in tables.onsets_table(onsets_ctx(), [c], (0.5,))
+    assert "| 4× | 0.5 | 0 of 6 | – | – | - | - | - | - |" in tables.onsets_table(
+        onsets_ctx(), [c], (0.5,))
+
+
+def test_the_onset_confounds_are_each_arms_own_correlation_and_the_gap_at_equal_onset():
+    # every loss 1 + onset / 10,000, the arm's 0.02 above: r = +1 within each arm, and at equal
+    # onset the arm is 0.02 above, in % of the reference's mean loss 1.025
+    rows = [(1 + r / 1e4, 1.02 + a / 1e4, r, a) for r, a in ((100, 200), (200, 300), (300, 500),
+                                                              (400, 600))]
+    assert tables.confound_cells(rows) == f"+1.00, +1.00 | {100 * 0.02 / 1.025:+.2f}%"
+    assert tables.confound_cells(rows[:3]) == '- | -'  # under four seeds
+    # later on 3 seeds, the same on 1, earlier on 1: 3 of 4 differing, p = 2 (4 + 1) / 16
+    assert tables.sign_cell([100, 0, -50, 200, 300]) == "3, 1, 1 (0.625)"
 
 
 def test_the_onset_table_waits_for_every_seed_of_a_pair():
@@ -331,13 +352,22 @@ def test_the_gap_steps_table_sets_pairs_side_by_side_at_the_steps_they_share(mon
 
 def test_the_attention_table_gives_the_arm_minus_its_reference_and_the_gap_before_the_onsets():
     c = dict(label='4×', arm='arm', ref='ref', seeds=(1, 2, 3, 4))
-    text = tables.attention_lag_table(onsets_ctx(), c, (500, 1000), 0.05)
-    # the arm's logit std runs ahead by t/1000 on every seed: +0.5 at 500, +1 at 1000
-    assert "| logit std | 0 | +0.500 [+0.500, +0.500] | +1.000 [+1.000, +1.000] |" in text
-    assert "| entropy (nats) | 0 | +0.000 [" in text
+    text = tables.attention_lag_table(onsets_ctx(), c, (500, 1000), (0.05, 0.5))
+    # the arm's logit std runs ahead by t/1000 on every seed: +0.5 at 500, +1 at 1000, on every
+    # seed, so at any level; the entropy is the same in both arms
+    assert ("| logit std | 0 | +0.500 [+0.500, +0.500] * | +1.000 [+1.000, +1.000] * |"
+            in text)
+    assert "| entropy (nats) | 0 | +0.000 [+0.000, +0.000] | +0.000 [+0.000, +0.000] |" in text
+    assert "4 intervals, each unadjusted; * marks those whose interval at Bonferroni's 0.05/4" \
+        in text
     # seed 1: onsets 200 and 300, one evaluation (100) before the earlier; its gap there is
-    # 100 * ((1.01 + 0.9) - (1 + 0.9)) / 1.9
-    assert f"| 1 | 200 | 1 | {100 * 0.01 / 1.9:+.2f}% |" in text
+    # 100 * ((1.01 + 0.9) - (1 + 0.9)) / 1.9. Nobody reaches 0.5: every evaluation counts
+    every = [100 * 0.01 / (1 + (1000 - t) / 1000) for t in range(100, 1100, 100)]
+    assert (f"| 1 | 200 (1) | {100 * 0.01 / 1.9:+.2f}% | never (10) | "
+            f"{sum(every) / 10:+.2f}% |") in text
+    # seed 3 has no gap: positive on the other three
+    assert "At 0.05, over the 4 seeds with evaluations before an onset: +" in text
+    assert "positive on 3 of 4.\n\nAt 0.5, over the 4 seeds" in text
 
 
 class Schedules:
@@ -401,7 +431,12 @@ def test_the_tokens_schedule_table_matches_tokens_or_the_point_of_the_schedule_s
     assert rows[5].startswith("| end, end | 16.00M, 4.00M | 10.0, 10.0 | point of the schedule "
                               "| +1.50% [")
     assert "| +3.00% [+3.00%, +3.00%] | -1.50% [" in rows[5] and rows[5].endswith("| 0 of 2 |")
-    assert "seeds 1–2" in text
+    assert "seeds 1–2" in text and "Post hoc" not in text
+    # a table added after results were seen says so first
+    late = tables.tokens_schedule_table(ctx, long, short, (('end', 'end'),),
+                                        post_hoc="made after 1 of 3 seeds")
+    assert "\n\nPost hoc: every row of this table was added by an amendment made after 1 of 3 " \
+        "seeds. Paired gaps on seeds 1–2" in late
 
 
 def test_the_tokens_schedule_table_waits_for_every_shared_seed_of_either_pair():
