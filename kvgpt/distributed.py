@@ -112,23 +112,30 @@ def any_rank(process, flag):
     return t.item() > 0
 
 
-def rng_states(process):
-    """Every rank's torch (and cuda) RNG state, as tensors: loads under weights_only=True."""
-    state = {'torch': torch.get_rng_state()}
-    if process.device.startswith('cuda'):
-        state['cuda'] = torch.cuda.get_rng_state(process.device)
-    if not process.ddp:
-        return [state]
-    gathered = [None] * process.world
-    dist.all_gather_object(gathered, {k: v.cpu() for k, v in state.items()})
-    return gathered
+class RankRNG:
+    """Every rank's torch (and cuda) RNG state, as a checkpoint field: state_dict() gathers them
+    all as tensors (they load under weights_only=True), a collective; load_state_dict() sets this
+    rank's own (a rank beyond the saved world size keeps its seed)."""
 
+    def __init__(self, process):
+        self.process = process
 
-def set_rng_state(process, states):
-    if process.rank < len(states):
-        torch.set_rng_state(states[process.rank]['torch'])
-        if 'cuda' in states[process.rank] and process.device.startswith('cuda'):
-            torch.cuda.set_rng_state(states[process.rank]['cuda'], process.device)
+    def state_dict(self):
+        process, state = self.process, {'torch': torch.get_rng_state()}
+        if process.device.startswith('cuda'):
+            state['cuda'] = torch.cuda.get_rng_state(process.device)
+        if not process.ddp:
+            return [state]
+        gathered = [None] * process.world
+        dist.all_gather_object(gathered, {k: v.cpu() for k, v in state.items()})
+        return gathered
+
+    def load_state_dict(self, states):
+        process = self.process
+        if process.rank < len(states):
+            torch.set_rng_state(states[process.rank]['torch'])
+            if 'cuda' in states[process.rank] and process.device.startswith('cuda'):
+                torch.cuda.set_rng_state(states[process.rank]['cuda'], process.device)
 
 
 # -----------------------------------------------------------------------------
