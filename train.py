@@ -9,6 +9,15 @@ The batches of step k depend on (data_seed, k) alone: every variant, restart and
 sees the same tokens at the same step, so runs compare side by side. Checkpoints are written
 atomically, never from a non-finite state, and a resume continues bit for bit. Ctrl-C or
 SIGTERM saves and stops (exit code 128 + the signal's number); --init_from=auto continues.
+
+Under torchrun every rank runs all of this. Some calls are collectives, which every rank must
+make, in the same order; the loop's are named so: all_ranks_evaluate, all_ranks_save,
+all_ranks_check_finite, all_ranks_log_step, all_ranks_stop and
+run.signals.all_ranks_agree_to_stop. The others are the step's backward (DDP averages the
+gradients), setup() and the end of train(). Rank 0 alone writes, inside them, so nanoGPT's
+`if master_process: save()` is not wanted here: rank 0 would wait for the others in vain, and
+fail after the process group's timeout (KVGPT_COLLECTIVE_TIMEOUT seconds; torch's default is 30
+minutes for gloo) with one line naming the call.
 """
 import importlib
 import math
@@ -28,6 +37,7 @@ from kvgpt import checkpoint, distributed
 from kvgpt.checkpoint import load_optimizer_state, model_from_checkpoint, save_checkpoint
 from kvgpt.config import Kind, field_kinds, parse_config, print_overrides
 from kvgpt.data import Dataset, check_fits, check_same_data, open_or_prepare
+from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import UserError, fs_error, model_errors, run_main
 from kvgpt.tracking import Record, open_trackers, wandb_run_id
@@ -270,10 +280,10 @@ def format_eta(seconds):
 
 @dataclass
 class LoopState:
-    """What a resume restores besides the weights and AdamW's state: save() writes each field
-    under its own name in the checkpoint and restore() reads each back, so state added here needs
-    no other change. A field with a state_dict() (the scaler, the RNG) is saved as that (None when
-    empty) and loaded back with its load_state_dict()."""
+    """What a resume restores besides the weights and AdamW's state: all_ranks_save() writes each
+    field under its own name in the checkpoint and restore() reads each back, so state added here
+    needs no other change. A field with a state_dict() (the scaler, the RNG) is saved as that (None
+    when empty) and loaded back with its load_state_dict()."""
     scaler: torch.amp.GradScaler  # float16's loss scale
     rng: distributed.RankRNG  # every rank's generators (dropout)
     iter_num: int = 0
@@ -314,7 +324,8 @@ class Run:  # what the loop reads and changes, made by setup() below
 
 
 def train_loop(run):
-    """nanoGPT's loop: evaluate and save, the micro-steps, clip and step, log, stop."""
+    """nanoGPT's loop: evaluate and save, the micro-steps, clip and step, log, stop. Every rank
+    runs all of it: the all_ranks_* calls are collectives (the docstring at the top)."""
     c, process, state = run.settings, run.process, run.state
     start_iter = state.iter_num
     accum = process.micro_steps(c['gradient_accumulation_steps'])  # this process's share
@@ -326,19 +337,19 @@ def train_loop(run):
     while True:
         last = state.iter_num >= c['max_iters'] or c['eval_only']
         if state.iter_num % c['eval_interval'] == 0 or last:
-            distributed.check_finite(process, nonfinite, state.iter_num, c['out_dir'])
+            all_ranks_check_finite(run, nonfinite)
             t0 = time.time()
             try:
-                losses = evaluate(run)
+                losses = all_ranks_evaluate(run)
             except distributed.Interrupted:  # the state is the last step's, whole: save, stop
-                return stop(run, nonfinite)
+                return all_ranks_stop(run, nonfinite)
             improved = losses['val'] < state.best_val_loss
             state.best_val_loss = min(state.best_val_loss, losses['val'])
             # a checkpoint only of steps this process trained: a resume's first evaluation
             # saves nothing, and eval_only never does
             trained = state.iter_num > start_iter and not c['eval_only']
             if trained and (improved or c['always_save_checkpoint']):
-                save(run, 'eval')
+                all_ranks_save(run, 'eval')
             timer.pause(time.time() - t0)  # step times leave out evaluations and their saves
         if last:
             return
@@ -373,30 +384,42 @@ def train_loop(run):
         state.tokens_seen += tokens_per_iter(c)
         timer.tick(state.iter_num)
         if state.iter_num in c['keep_checkpoints']:
-            distributed.check_finite(process, nonfinite, state.iter_num, c['out_dir'])
+            all_ranks_check_finite(run, nonfinite)
             t0 = time.time()
-            save(run, 'kept', f'ckpt_{state.iter_num}.pt')
+            all_ranks_save(run, 'kept', f'ckpt_{state.iter_num}.pt')
             timer.pause(time.time() - t0)
         if log_now:
-            distributed.check_finite(process, nonfinite, state.iter_num, c['out_dir'])
-            log_step(run, loss_sum / accum, grad_norm, lr, timer.step_time(state.iter_num))
-        if run.signals.requested(state.iter_num, c['log_interval']):
-            return stop(run, nonfinite)
+            all_ranks_check_finite(run, nonfinite)
+            step_time = timer.step_time(state.iter_num)
+            all_ranks_log_step(run, loss_sum / accum, grad_norm, lr, step_time)
+        if run.signals.all_ranks_agree_to_stop(state.iter_num, c['log_interval']):
+            return all_ranks_stop(run, nonfinite)
 
 
-def stop(run, nonfinite):
-    distributed.check_finite(run.process, nonfinite, run.state.iter_num,
-                             run.settings['out_dir'])
-    save(run, 'signal')
+@all_ranks
+def all_ranks_check_finite(run, nonfinite):
+    """The ranks agree that no loss since the last check was non-finite, or all stop with it."""
+    if distributed.any_rank(run.process, nonfinite):
+        raise UserError(f"the loss became non-finite by iter {run.state.iter_num}; the last good "
+                        f"checkpoint in {run.settings['out_dir']} is untouched: lower "
+                        "learning_rate, use dtype=bfloat16, or resume from it")
+
+
+@all_ranks
+def all_ranks_stop(run, nonfinite):
+    all_ranks_check_finite(run, nonfinite)
+    all_ranks_save(run, 'signal')
     if run.process.master:
         print(f"stopped by a signal at iter {run.state.iter_num} ({run.signals.describe()}); "
               "continue with --init_from=resume (or auto)", flush=True)
 
 
-def log_step(run, step_loss, grad_norm, lr, dt):
+@all_ranks
+def all_ranks_log_step(run, step_loss, grad_norm, lr, dt):
+    """The step's loss averaged over the ranks (an all-reduce), logged by rank 0."""
     c, tokens, iter_num = run.settings, tokens_per_iter(run.settings), run.state.iter_num
     if run.process.ddp:  # the mean over the global batch, the same number at any world size
-        dist.all_reduce(step_loss)
+        distributed.all_reduce(step_loss)
         step_loss /= run.process.world
     loss, grad_norm = step_loss.item(), float(grad_norm)
     peak = device_peak_flops(run.process.device)
@@ -415,9 +438,11 @@ def log_step(run, step_loss, grad_norm, lr, dt):
 # -----------------------------------------------------------------------------
 # evaluation
 
-def evaluate(run):
+@all_ranks
+def all_ranks_evaluate(run):
     """The losses on both splits (and at the end the full val loss, the number verdicts use),
-    the probes and HellaSwag, logged; returns {'train': loss, 'val': loss}."""
+    the probes and HellaSwag, logged; returns {'train': loss, 'val': loss}. The ranks share the
+    batches and the HellaSwag items, and sum their losses and counts."""
     c, t0, n, losses = run.settings, time.time(), run.settings['batch_size'], {}
     iter_num = run.state.iter_num
     for k, split in enumerate(('train', 'val')):  # windows drawn once: the same at every step
@@ -444,8 +469,7 @@ def evaluate(run):
               + ''.join(f", {k} {entry[k]:.4f}" for k in ('hellaswag_acc', 'hellaswag_acc_norm')
                         if k in entry))
         run.record.log(**entry)
-    distributed.check_finite(run.process, not math.isfinite(losses['val']), iter_num,
-                             c['out_dir'])
+    all_ranks_check_finite(run, not math.isfinite(losses['val']))
     return losses
 
 
@@ -463,7 +487,7 @@ def mean_loss(run, model, split, batches, per_token=False):
         total += torch.stack([loss.double() * weight, weight.double()])
     model.train()
     if run.process.ddp:
-        dist.all_reduce(total)
+        distributed.all_reduce(total)
     return (total[0] / total[1]).item()
 
 
@@ -488,10 +512,12 @@ def load_probe(c, data, dev):
 # -----------------------------------------------------------------------------
 # checkpoints: save and restore
 
-def save(run, reason, name='ckpt.pt'):
-    """Write a checkpoint atomically from rank 0, never from non-finite weights. The ranks agree on
-    failure first, so a save that fails on rank 0 ends every rank with its message, not a hang.
-    Once ckpt.pt is written, the run's record may describe it."""
+@all_ranks
+def all_ranks_save(run, reason, name='ckpt.pt'):
+    """Write a checkpoint atomically from rank 0, never from non-finite weights. Every rank takes
+    part: the loop state's RNG gathers every rank's, and the ranks agree on failure, so a save that
+    fails on rank 0 ends every rank with its message, not a hang. Once ckpt.pt is written, the
+    run's record may describe it."""
     loop_state, iter_num = run.state.state_dict(), run.state.iter_num  # the RNG's: a collective
     path, error, master = os.path.join(run.settings['out_dir'], name), None, run.process.master
     if master and not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
