@@ -50,8 +50,8 @@ TIMEOUT_ENV = 'KVGPT_COLLECTIVE_TIMEOUT'  # seconds a rank waits in a collective
 def setup_distributed(device, backend=None):
     """This process's Dist; torchrun sets RANK, LOCAL_RANK and WORLD_SIZE. KVGPT_COLLECTIVE_TIMEOUT
     (seconds; unset: torch's default, 30 minutes for gloo, 10 for nccl) bounds a rank's wait for
-    the others in a collective: past it a gloo rank fails with a RanksApart, and NCCL's watchdog
-    ends the process."""
+    the others in a collective: past it a gloo rank fails with a RanksApart; under NCCL torch's
+    watchdog handles it (by default it ends the process)."""
     device = pick_device(device)
     if int(os.environ.get('RANK', -1)) == -1:
         return Dist(False, 0, 1, device)
@@ -61,6 +61,8 @@ def setup_distributed(device, backend=None):
         torch.cuda.set_device(device)
     backend = backend or ('nccl' if device.startswith('cuda') else 'gloo')
     seconds = os.environ.get(TIMEOUT_ENV)
+    if seconds and not re.fullmatch(r'\d+(\.\d*)?', seconds):
+        raise UserError(f"{TIMEOUT_ENV} must be a number of seconds, got {seconds!r}")
     timeout = dict(timeout=datetime.timedelta(seconds=float(seconds))) if seconds else {}
     store = restart_store(world)
     if store is None:

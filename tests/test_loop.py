@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from kvgpt import distributed
 from kvgpt.checkpoint import load_checkpoint
+from kvgpt.errors import UserError
 import train
 from test_hellaswag import write_items
 from test_train import HERE, argv, free_port
@@ -101,6 +102,15 @@ def test_every_collective_of_the_loop_is_inside_an_all_ranks_call(data_root, tmp
                           hellaswag_interval=2))
     assert run.process.ddp and not dist.is_initialized() and (tmp_path / 'ckpt_3.pt').exists()
     assert {'all_reduce', 'all_gather_object', 'barrier'} <= set(made) and outside == []
+
+
+def test_a_collective_timeout_that_is_not_seconds_is_one_line(monkeypatch):
+    for key, value in dict(RANK='0', WORLD_SIZE='1', KVGPT_COLLECTIVE_TIMEOUT='5m').items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(UserError, match="KVGPT_COLLECTIVE_TIMEOUT must be a number of seconds, "
+                                        "got '5m'"):
+        distributed.setup_distributed('cpu')
+    assert not dist.is_initialized()
 
 
 # one rank of two: rank 0 makes the call alone, as under nanoGPT's `if master_process:`; rank 1
