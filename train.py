@@ -293,7 +293,7 @@ class LoopState:
     def state_dict(self):
         """The checkpoint's entries, on every rank: the RNG's gathers every rank's."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {k: v.state_dict() or None if hasattr(v, 'state_dict') else v
+        return {k: (v.state_dict() or None) if hasattr(v, 'state_dict') else v
                 for k, v in values.items()}
 
     def load_state_dict(self, ckpt):
@@ -302,7 +302,7 @@ class LoopState:
             if hasattr(value, 'load_state_dict'):
                 if saved:  # None: not saved (nanoGPT's have no rng), or empty (no scaler)
                     value.load_state_dict(saved)
-            elif saved is not None:  # a number as its type: nanoGPT saved best_val_loss a tensor
+            elif saved is not None:  # numbers as their type: nanoGPT's best_val_loss is a tensor
                 setattr(self, f.name, f.type(saved) if f.type in (int, float) else saved)
 
 
