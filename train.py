@@ -14,7 +14,7 @@ Under torchrun every rank runs all of this. Some calls are collectives, which ev
 make, in the same order; the loop's are named so: all_ranks_evaluate, all_ranks_save,
 all_ranks_check_finite, all_ranks_log_step, all_ranks_stop and
 run.signals.all_ranks_agree_to_stop. The others are the step's backward (DDP averages the
-gradients), setup() and the end of train(). Rank 0 alone writes, inside them, so nanoGPT's
+gradients), and the run's start and end. Rank 0 alone writes, inside them, so nanoGPT's
 `if master_process: save()` is not wanted here: rank 0 would wait for the others in vain, and
 fail after the process group's timeout (KVGPT_COLLECTIVE_TIMEOUT seconds; torch's default is 30
 minutes for gloo) with one line naming the call.
