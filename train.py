@@ -9,6 +9,15 @@ The batches of step k depend on (data_seed, k) alone: every variant, restart and
 sees the same tokens at the same step, so runs compare side by side. Checkpoints are written
 atomically, never from a non-finite state, and a resume continues bit for bit. Ctrl-C or
 SIGTERM saves and stops (exit code 128 + the signal's number); --init_from=auto continues.
+
+Under torchrun every rank runs all of this. Some calls are collectives, which every rank must
+make, in the same order; the loop's are named so: all_ranks_evaluate, all_ranks_save,
+all_ranks_check_finite, all_ranks_log_step, all_ranks_stop and
+run.signals.all_ranks_agree_to_stop. The others are the step's backward (DDP averages the
+gradients), and the run's start and end. Rank 0 alone writes, inside them, so nanoGPT's
+`if master_process: save()` is not wanted here: rank 0 would wait for the others in vain, and
+fail after the process group's timeout (KVGPT_COLLECTIVE_TIMEOUT seconds; torch's default is 30
+minutes for gloo) with one line naming the call.
 """
 import importlib
 import math
@@ -28,6 +37,7 @@ from kvgpt import checkpoint, distributed
 from kvgpt.checkpoint import load_optimizer_state, model_from_checkpoint, save_checkpoint
 from kvgpt.config import Kind, field_kinds, parse_config, print_overrides
 from kvgpt.data import Dataset, check_fits, check_same_data, open_or_prepare
+from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import UserError, fs_error, model_errors, run_main
 from kvgpt.tracking import Record, open_trackers, wandb_run_id
@@ -123,11 +133,6 @@ def settings(argv=None):
 # data: the windows of step k are drawn from (data_seed, k) alone
 
 EVAL_KEY = 2 ** 31  # + split (0 train, 1 val): the evaluation windows' key, above every step's
-
-
-def tokens_seen(run):  # a resume may change the step's size: counted from its checkpoint's
-    step, tokens = run.resumed_at
-    return tokens + (run.iter_num - step) * tokens_per_iter(run.settings)
 
 
 def tokens_per_iter(c):
@@ -273,6 +278,34 @@ def format_eta(seconds):
 # the loop
 
 @dataclass
+class LoopState:
+    """What a resume restores besides the weights and AdamW's state: all_ranks_save() writes each
+    field under its own name in the checkpoint and restore() reads each back, so state added here
+    needs no other change. A field with a state_dict() (the scaler, the RNG) is saved as that (None
+    when empty) and loaded back with its load_state_dict()."""
+    scaler: torch.amp.GradScaler  # float16's loss scale
+    rng: distributed.RankRNG  # every rank's generators (dropout)
+    iter_num: int = 0
+    best_val_loss: float = math.inf
+    tokens_seen: int = 0  # counted: a resume may change a step's tokens
+
+    def state_dict(self):
+        """The checkpoint's entries, on every rank: the RNG's gathers every rank's."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: (v.state_dict() or None) if hasattr(v, 'state_dict') else v
+                for k, v in values.items()}
+
+    def load_state_dict(self, ckpt):
+        for f in fields(self):
+            value, saved = getattr(self, f.name), ckpt.get(f.name)
+            if hasattr(value, 'load_state_dict'):
+                if saved:  # None: not saved (nanoGPT's have no rng), or empty (no scaler)
+                    value.load_state_dict(saved)
+            elif saved is not None:  # numbers as their type: nanoGPT's best_val_loss is a tensor
+                setattr(self, f.name, f.type(saved) if f.type in (int, float) else saved)
+
+
+@dataclass
 class Run:  # what the loop reads and changes, made by setup() below
     settings: dict  # every key of DEFAULTS, as config files and --key=value made them
     process: distributed.Dist  # this process's place in the world: rank, world size, device
@@ -281,20 +314,19 @@ class Run:  # what the loop reads and changes, made by setup() below
     model: GPT  # the raw model: checkpoints, evaluation, probes
     step_model: torch.nn.Module  # the same, compiled and/or wrapped for DDP: the training steps
     optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
     signals: distributed.Signals
+    state: LoopState  # the step, the best val loss, the scaler, the RNG: what a resume restores
     record: Record = None  # rank 0's config.json and log.jsonl
     probe: object = None  # the evaluation hook of the probe setting
     hellaswag: object = None  # scores the hellaswag setting's items (evals/hellaswag.py)
-    iter_num: int = 0
-    resumed_at: tuple = (0, 0)  # (step, tokens seen) of the checkpoint it started from
-    best_val_loss: float = math.inf
     finished: bool = False  # the loop ended without an error (at max_iters, or by a signal)
 
 
 def train_loop(run):
-    """nanoGPT's loop: evaluate and save, the micro-steps, clip and step, log, stop."""
-    c, process, start_iter = run.settings, run.process, run.iter_num
+    """nanoGPT's loop: evaluate and save, the micro-steps, clip and step, log, stop. Every rank
+    runs all of it: the all_ranks_* calls are collectives (the docstring at the top)."""
+    c, process, state = run.settings, run.process, run.state
+    start_iter = state.iter_num
     accum = process.micro_steps(c['gradient_accumulation_steps'])  # this process's share
     # the step's loss and gradient norm stay on the device, read only at log steps
     loss_sum = torch.zeros((), device=process.device)
@@ -302,88 +334,102 @@ def train_loop(run):
     grad_norm = torch.zeros((), device=process.device)
     timer = StepTimer(start_iter)
     while True:
-        last = run.iter_num >= c['max_iters'] or c['eval_only']
-        if run.iter_num % c['eval_interval'] == 0 or last:
-            distributed.check_finite(process, nonfinite, run.iter_num, c['out_dir'])
+        last = state.iter_num >= c['max_iters'] or c['eval_only']
+        if state.iter_num % c['eval_interval'] == 0 or last:
+            all_ranks_check_finite(run, nonfinite)
             t0 = time.time()
             try:
-                losses = evaluate(run)
+                losses = all_ranks_evaluate(run)
             except distributed.Interrupted:  # the state is the last step's, whole: save, stop
-                return stop(run, nonfinite)
-            improved = losses['val'] < run.best_val_loss
-            run.best_val_loss = min(run.best_val_loss, losses['val'])
+                return all_ranks_stop(run, nonfinite)
+            improved = losses['val'] < state.best_val_loss
+            state.best_val_loss = min(state.best_val_loss, losses['val'])
             # a checkpoint only of steps this process trained: a resume's first evaluation
             # saves nothing, and eval_only never does
-            trained = run.iter_num > start_iter and not c['eval_only']
+            trained = state.iter_num > start_iter and not c['eval_only']
             if trained and (improved or c['always_save_checkpoint']):
-                save(run, 'eval')
+                all_ranks_save(run, 'eval')
             timer.pause(time.time() - t0)  # step times leave out evaluations and their saves
         if last:
             return
-        lr = get_lr(run.iter_num, c)
+        lr = get_lr(state.iter_num, c)
         for group in run.optimizer.param_groups:
             group['lr'] = lr
         # forward and backward over this process's share of the step's global batch
         loss_sum.zero_()
-        starts = step_starts(run.data, c, run.iter_num)  # once a step, each micro-batch a slice
+        starts = step_starts(run.data, c, state.iter_num)  # once a step, each micro-batch a slice
         for micro in range(accum):
             x, y = get_batch(run.data, c, starts, process.rank * accum + micro, process.device)
             # DDP averages over ranks; dividing by the local accumulation makes the global mean
             with run.step_model.no_sync() if process.ddp and micro < accum - 1 else nullcontext():
                 with run.device_setup.ctx:
                     _, loss = run.step_model(x, y)
-                run.scaler.scale(loss / accum).backward()
+                state.scaler.scale(loss / accum).backward()
             loss = loss.detach()
             nonfinite |= ~torch.isfinite(loss)
             loss_sum += loss.float()
-        log_now = (run.iter_num + 1) % c['log_interval'] == 0
+        log_now = (state.iter_num + 1) % c['log_interval'] == 0
         if c['grad_clip'] > 0:
-            run.scaler.unscale_(run.optimizer)
+            state.scaler.unscale_(run.optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), c['grad_clip'])
         elif log_now:  # the gradient norm is logged even without clipping
-            run.scaler.unscale_(run.optimizer)
+            state.scaler.unscale_(run.optimizer)
             grad_norm = torch.nn.utils.get_total_norm(
                 [p.grad for p in run.model.parameters() if p.grad is not None])
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
+        state.scaler.step(run.optimizer)
+        state.scaler.update()
         run.optimizer.zero_grad(set_to_none=True)
-        run.iter_num += 1
-        timer.tick(run.iter_num)
-        if run.iter_num in c['keep_checkpoints']:
-            distributed.check_finite(process, nonfinite, run.iter_num, c['out_dir'])
+        state.iter_num += 1
+        state.tokens_seen += tokens_per_iter(c)
+        timer.tick(state.iter_num)
+        if state.iter_num in c['keep_checkpoints']:
+            all_ranks_check_finite(run, nonfinite)
             t0 = time.time()
-            save(run, 'kept', f'ckpt_{run.iter_num}.pt')
+            all_ranks_save(run, 'kept', f'ckpt_{state.iter_num}.pt')
             timer.pause(time.time() - t0)
         if log_now:
-            distributed.check_finite(process, nonfinite, run.iter_num, c['out_dir'])
-            log_step(run, loss_sum / accum, grad_norm, lr, timer.step_time(run.iter_num))
-        if run.signals.requested(run.iter_num, c['log_interval']):
-            return stop(run, nonfinite)
+            all_ranks_check_finite(run, nonfinite)
+            step_time = timer.step_time(state.iter_num)
+            all_ranks_log_step(run, loss_sum / accum, grad_norm, lr, step_time)
+        if run.signals.all_ranks_agree_to_stop(state.iter_num, c['log_interval']):
+            return all_ranks_stop(run, nonfinite)
 
 
-def stop(run, nonfinite):
-    distributed.check_finite(run.process, nonfinite, run.iter_num, run.settings['out_dir'])
-    save(run, 'signal')
+@all_ranks
+def all_ranks_check_finite(run, nonfinite):
+    """The ranks agree that no loss since the last check was non-finite, or all stop with it."""
+    if distributed.any_rank(run.process, nonfinite):
+        raise UserError(f"the loss became non-finite by iter {run.state.iter_num}; the last good "
+                        f"checkpoint in {run.settings['out_dir']} is untouched: lower "
+                        "learning_rate, use dtype=bfloat16, or resume from it")
+
+
+@all_ranks
+def all_ranks_stop(run, nonfinite):
+    all_ranks_check_finite(run, nonfinite)
+    all_ranks_save(run, 'signal')
     if run.process.master:
-        print(f"stopped by a signal at iter {run.iter_num} ({run.signals.describe()}); "
+        print(f"stopped by a signal at iter {run.state.iter_num} ({run.signals.describe()}); "
               "continue with --init_from=resume (or auto)", flush=True)
 
 
-def log_step(run, step_loss, grad_norm, lr, dt):
-    c, tokens = run.settings, tokens_per_iter(run.settings)
+@all_ranks
+def all_ranks_log_step(run, step_loss, grad_norm, lr, dt):
+    """The step's loss averaged over the ranks (an all-reduce), logged by rank 0."""
+    c, tokens, iter_num = run.settings, tokens_per_iter(run.settings), run.state.iter_num
     if run.process.ddp:  # the mean over the global batch, the same number at any world size
-        dist.all_reduce(step_loss)
+        distributed.all_reduce(step_loss)
         step_loss /= run.process.world
     loss, grad_norm = step_loss.item(), float(grad_norm)
     peak = device_peak_flops(run.process.device)
     mfu = dt and run.model.estimate_mfu(tokens // run.process.world, dt, peak, c['block_size'])
-    eta = dt and dt * (c['max_iters'] - run.iter_num)
+    eta = dt and dt * (c['max_iters'] - iter_num)
     if not run.process.master:
         return
     timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
-    print(f"iter {run.iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}{timing}"
+    print(f"iter {iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}{timing}"
           + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
-    run.record.log(iter=run.iter_num, tokens=tokens_seen(run), lr=lr, loss=loss,
+    run.record.log(iter=iter_num, tokens=run.state.tokens_seen, lr=lr, loss=loss,
                    grad_norm=grad_norm, dt_ms=dt and dt * 1000, tokens_per_s=dt and tokens / dt,
                    mfu=mfu, eta_s=eta)
 
@@ -391,36 +437,38 @@ def log_step(run, step_loss, grad_norm, lr, dt):
 # -----------------------------------------------------------------------------
 # evaluation
 
-def evaluate(run):
+@all_ranks
+def all_ranks_evaluate(run):
     """The losses on both splits (and at the end the full val loss, the number verdicts use),
-    the probes and HellaSwag, logged; returns {'train': loss, 'val': loss}."""
+    the probes and HellaSwag, logged; returns {'train': loss, 'val': loss}. The ranks share the
+    batches and the HellaSwag items, and sum their losses and counts."""
     c, t0, n, losses = run.settings, time.time(), run.settings['batch_size'], {}
+    iter_num = run.state.iter_num
     for k, split in enumerate(('train', 'val')):  # windows drawn once: the same at every step
         starts = run.data.starts(split, c['eval_iters'] * n, c['data_seed'], EVAL_KEY + k)
         losses[split] = mean_loss(run, run.step_model, split, [
             (starts[i * n:(i + 1) * n], None) for i in range(c['eval_iters'])])
-    entry = dict(iter=run.iter_num, tokens=tokens_seen(run),
+    entry = dict(iter=iter_num, tokens=run.state.tokens_seen,
                  train_loss=losses['train'], val_loss=losses['val'])
     # every val token once, in order, at the end; on the plain model: the tiling's shorter last
     # window would make a compiled one compile again
-    if run.iter_num >= c['max_iters'] or c['eval_only']:
+    if iter_num >= c['max_iters'] or c['eval_only']:
         entry['val_loss_full'] = mean_loss(run, run.model, 'val', run.data.tiling('val', n), True)
     interval = c['hellaswag_interval']
-    if run.hellaswag and ('val_loss_full' in entry or interval and run.iter_num % interval == 0):
+    if run.hellaswag and ('val_loss_full' in entry or interval and iter_num % interval == 0):
         entry.update(run.hellaswag(run.model, run.signals.share))  # the ranks share the items
     if run.probe is not None:
         entry.update(run.probe(run.model))
     entry['eval_s'] = time.time() - t0
     if run.process.master:
         full = entry.get('val_loss_full')
-        print(f"iter {run.iter_num}: train loss {losses['train']:.4f}, "
+        print(f"iter {iter_num}: train loss {losses['train']:.4f}, "
               f"val loss {losses['val']:.4f}"
               + (f", full val loss {full:.4f}" if full is not None else '')
               + ''.join(f", {k} {entry[k]:.4f}" for k in ('hellaswag_acc', 'hellaswag_acc_norm')
                         if k in entry))
         run.record.log(**entry)
-    distributed.check_finite(run.process, not math.isfinite(losses['val']), run.iter_num,
-                             c['out_dir'])
+    all_ranks_check_finite(run, not math.isfinite(losses['val']))
     return losses
 
 
@@ -438,7 +486,7 @@ def mean_loss(run, model, split, batches, per_token=False):
         total += torch.stack([loss.double() * weight, weight.double()])
     model.train()
     if run.process.ddp:
-        dist.all_reduce(total)
+        distributed.all_reduce(total)
     return (total[0] / total[1]).item()
 
 
@@ -463,51 +511,47 @@ def load_probe(c, data, dev):
 # -----------------------------------------------------------------------------
 # checkpoints: save and restore
 
-def save(run, reason, name='ckpt.pt'):
-    """Write a checkpoint atomically from rank 0, never from non-finite weights. The ranks agree on
-    failure first, so a save that fails on rank 0 ends every rank with its message, not a hang.
-    Once ckpt.pt is written, the run's record may describe it."""
-    states = distributed.rng_states(run.process)  # a collective: every rank takes part
+@all_ranks
+def all_ranks_save(run, reason, name='ckpt.pt'):
+    """Write a checkpoint atomically from rank 0, never from non-finite weights. Every rank takes
+    part: the loop state's RNG gathers every rank's, and the ranks agree on failure, so a save that
+    fails on rank 0 ends every rank with its message, not a hang. Once ckpt.pt is written, the
+    run's record may describe it."""
+    loop_state, iter_num = run.state.state_dict(), run.state.iter_num  # the RNG's: a collective
     path, error, master = os.path.join(run.settings['out_dir'], name), None, run.process.master
     if master and not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
-        error = f"parameters are non-finite at iter {run.iter_num}; not saving: {path} stays"
+        error = f"parameters are non-finite at iter {iter_num}; not saving: {path} stays"
     elif master:
         # the record is written before the new ckpt.pt replaces the old one: if it fails, both stay
         commit_record = run.record.commit if name == 'ckpt.pt' else None
         try:
             save_checkpoint(dict(
                 model=run.model.state_dict(), optimizer=run.optimizer.state_dict(),
-                model_args=asdict(run.model.config), iter_num=run.iter_num,
-                best_val_loss=run.best_val_loss, config=run.settings, meta=run.data.meta,
-                rng=states,
-                tokens_seen=tokens_seen(run),
+                model_args=asdict(run.model.config), config=run.settings, meta=run.data.meta,
                 wandb_run_id=wandb_run_id(run.record),  # a resume continues the same W&B run
-                scaler=run.scaler.state_dict() if run.scaler.is_enabled() else None), path,
-                before_replace=commit_record)
+                **loop_state), path, before_replace=commit_record)
         except OSError as e:
             error = f"{fs_error(e, path)}; the previous checkpoint there is untouched"
         except UserError as e:  # the record: the checkpoint and the record are as they were
             error = f"{e}; {path} and the run's record are as they were"
     if distributed.any_rank(run.process, error is not None):
-        raise UserError(error or f"rank 0 could not save {path} at iter {run.iter_num} "
+        raise UserError(error or f"rank 0 could not save {path} at iter {iter_num} "
                                  "(see its error)")
     if run.process.master:
-        print(f"saved {path} at iter {run.iter_num} ({reason})")
+        print(f"saved {path} at iter {iter_num} ({reason})")
 
 
 def restore(run, ckpt):
+    """AdamW's state and the loop's (the model is built from the checkpoint before)."""
     if 'optimizer' in ckpt:
         load_optimizer_state(run.optimizer, run.model, ckpt['optimizer'],
                              checkpoint_path(run.settings))
     elif run.process.master:
         print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a "
               "fresh AdamW")
-    if ckpt.get('scaler'):
-        run.scaler.load_state_dict(ckpt['scaler'])
-    run.iter_num, run.best_val_loss = ckpt['iter_num'], float(ckpt['best_val_loss'])
-    tokens = ckpt.get('tokens_seen')  # nanoGPT's checkpoints have none: a constant step size
-    run.resumed_at = (run.iter_num, tokens_seen(run) if tokens is None else tokens)
-    distributed.set_rng_state(run.process, ckpt.get('rng', []))
+    run.state.load_state_dict(ckpt)
+    if ckpt.get('tokens_seen') is None:  # nanoGPT's checkpoints: a constant step size
+        run.state.tokens_seen = run.state.iter_num * tokens_per_iter(run.settings)
 
 
 # -----------------------------------------------------------------------------
@@ -528,25 +572,26 @@ def setup(c, process, signals):
     if ckpt is not None:  # the checkpoint's model wins over a resume's model settings: record it
         config.update({k: v for k, v in model_settings(ckpt).items() if c.get(k) is not None})
     model.to(dev.device)
-    scaler = torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16')
+    state = LoopState(torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16'),
+                      distributed.RankRNG(process))
     optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'],
                                            (c['beta1'], c['beta2']), dev.type)
     step_model = torch.compile(model) if dev.compile else model
     if process.ddp:
         ids = [torch.device(dev.device).index] if dev.type == 'cuda' else None
         step_model = DDP(step_model, device_ids=ids)
-    run = Run(c, process, dev, data, model, step_model, optimizer, scaler, signals)
+    run = Run(c, process, dev, data, model, step_model, optimizer, signals, state)
     run.hellaswag = c['hellaswag'] and hellaswag.scorer(c, data.meta['tokenizer'], dev,
                                                         process.ddp)
     if ckpt is not None:
         restore(run, ckpt)
     if process.master:  # eval_only writes no config.json or log.jsonl: the training run's
-        run.record = Record(c['out_dir'], None if c['eval_only'] else config, run.iter_num,
-                            open_trackers(c, run.iter_num, ckpt and ckpt.get('wandb_run_id')))
+        run.record = Record(c['out_dir'], None if c['eval_only'] else config, state.iter_num,
+                            open_trackers(c, state.iter_num, ckpt and ckpt.get('wandb_run_id')))
         run.probe = c['probe'] and load_probe(c, data, dev)
         print(f"tokens per iteration: {tokens_per_iter(c):,} ({c['gradient_accumulation_steps']}"
               f" x {c['batch_size']} x {c['block_size']}, {process.world} process(es)); starting "
-              f"at iter {run.iter_num}")
+              f"at iter {state.iter_num}")
     return run
 
 
@@ -562,9 +607,9 @@ def train(c):
             run = setup(c, process, signals)
             train_loop(run)
         if process.master and not c['eval_only'] and signals.stopped is None:
-            run.record.finish(run.iter_num)
-            print(f"finished at iter {run.iter_num} in {format_eta(time.time() - t0)}; sample "
-                  f"from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}")
+            run.record.finish(run.state.iter_num)
+            print(f"finished at iter {run.state.iter_num} in {format_eta(time.time() - t0)}; "
+                  f"sample from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}")
         run.finished = True
         run.step_model = None  # the DDP wrapper goes while the process group lives
         return run

@@ -202,10 +202,10 @@ def during_training(model, tok, items, ctx, device, batch_size, share, reduce):
 def scorer(c, tokenizer, dev, ddp):
     """train.py's hook for its hellaswag settings: scorer(model, share) gives the log line's
     accuracies, the items shared over the ranks (summed by an all-reduce under DDP)."""
-    import torch.distributed as dist
+    from kvgpt.distributed import all_reduce  # one that fails clearly when a rank stays away
     items = load(c['hellaswag'], c['hellaswag_items'], '--hellaswag')
     tok = get_tokenizer(tokenizer)
-    reduce = dist.all_reduce if ddp else (lambda counts: None)
+    reduce = all_reduce if ddp else (lambda counts: None)
     return lambda model, share: during_training(model, tok, items, dev.ctx, dev.device,
                                                 4 * c['batch_size'], share, reduce)
 

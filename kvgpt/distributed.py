@@ -1,11 +1,15 @@
 """
 A run over several processes (torchrun), and what keeps them in step: the process group (with
-torchrun's elastic restarts), each process's share of a step, the ranks' agreement on failures and
-on stopping, each rank's RNG state, and the signals (SIGTERM, Ctrl-C) that stop a run.
+torchrun's elastic restarts), each process's share of a step, the collectives every rank must call
+(and a clear failure when one rank calls one alone), the ranks' agreement on failures and on
+stopping, each rank's RNG state, and the signals (SIGTERM, Ctrl-C) that stop a run.
 """
 
+import datetime
+import functools
 import gc
 import os
+import re
 import signal
 import sys
 from typing import NamedTuple
@@ -40,8 +44,14 @@ class Dist(NamedTuple):
         return total // self.world
 
 
+TIMEOUT_ENV = 'KVGPT_COLLECTIVE_TIMEOUT'  # seconds a rank waits in a collective for the others
+
+
 def setup_distributed(device, backend=None):
-    """This process's Dist; torchrun sets RANK, LOCAL_RANK and WORLD_SIZE."""
+    """This process's Dist; torchrun sets RANK, LOCAL_RANK and WORLD_SIZE. KVGPT_COLLECTIVE_TIMEOUT
+    (seconds; unset: torch's default, 30 minutes for gloo, 10 for nccl) bounds a rank's wait for
+    the others in a collective: past it a gloo rank fails with a RanksApart; under NCCL torch's
+    watchdog handles it (by default it ends the process)."""
     device = pick_device(device)
     if int(os.environ.get('RANK', -1)) == -1:
         return Dist(False, 0, 1, device)
@@ -50,11 +60,16 @@ def setup_distributed(device, backend=None):
         device = f"cuda:{os.environ['LOCAL_RANK']}"
         torch.cuda.set_device(device)
     backend = backend or ('nccl' if device.startswith('cuda') else 'gloo')
+    seconds = os.environ.get(TIMEOUT_ENV)
+    if seconds and not re.fullmatch(r'\d+(\.\d*)?', seconds):
+        raise UserError(f"{TIMEOUT_ENV} must be a number of seconds, got {seconds!r}")
+    timeout = dict(timeout=datetime.timedelta(seconds=float(seconds))) if seconds else {}
     store = restart_store(world)
     if store is None:
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, **timeout)
     else:
-        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
+                                **timeout)
     return Dist(True, rank, world, device)
 
 
@@ -90,14 +105,54 @@ def restart_store(world):
 
 
 # -----------------------------------------------------------------------------
-# the ranks agree
+# collectives: calls every rank must make, in the same order
 
-def check_finite(process, nonfinite, iter_num, out_dir):
-    """The ranks agree that no loss since the last check was non-finite, or all stop with it."""
-    if any_rank(process, nonfinite):
-        raise UserError(f"the loss became non-finite by iter {iter_num}; the last good "
-                        f"checkpoint in {out_dir} is untouched: lower learning_rate, "
-                        "use dtype=bfloat16, or resume from it")
+class RanksApart(UserError):
+    """A collective that failed on this rank: another rank never joined it within the process
+    group's timeout (it skipped the call, as under nanoGPT's `if master_process:`, or it stopped).
+    Its one line names the outermost @all_ranks call it failed in: the one the caller made."""
+
+    def __init__(self, op, cause):
+        super().__init__(op)
+        self.call, self.op, self.rank = op, op, dist.get_rank()  # read while the group lives
+        # gloo's first line opens with its source file: [.../unbound_buffer.cc:129] Timed out...
+        first = (str(cause).strip() or type(cause).__name__).splitlines()[0]
+        self.cause = re.sub(r'^\[[^]]*\]\s*', '', first)
+
+    def __str__(self):
+        return (f"{self.call} on rank {self.rank}: the other ranks did not join its {self.op} "
+                f"({self.cause}): every rank must make this call, never rank 0 alone (train.py's "
+                "docstring lists them)")
+
+
+def all_ranks(fn):
+    """Marks fn as a call every rank must make: one that fails because another rank stayed away
+    is a RanksApart naming fn (or the @all_ranks call around it), within the process group's
+    timeout, not a hang."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RanksApart as e:
+            e.call = fn.__qualname__  # each caller out renames it: the outermost's name stays
+            raise
+    return call
+
+
+def collective(op):
+    """torch.distributed's op, whose failure (gloo raises a RuntimeError when the others never
+    come) is a RanksApart."""
+    @functools.wraps(op)
+    def call(*args, **kwargs):
+        try:
+            return op(*args, **kwargs)
+        except RuntimeError as e:
+            raise RanksApart(op.__name__, e) from None
+    return call
+
+
+all_reduce = collective(dist.all_reduce)
+all_gather_object = collective(dist.all_gather_object)
 
 
 def any_rank(process, flag):
@@ -108,27 +163,35 @@ def any_rank(process, flag):
         return bool(flag)
     t = flag.float().reshape(1) if torch.is_tensor(flag) else \
         torch.tensor([float(flag)], device=process.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item() > 0
 
 
-def rng_states(process):
-    """Every rank's torch (and cuda) RNG state, as tensors: loads under weights_only=True."""
-    state = {'torch': torch.get_rng_state()}
-    if process.device.startswith('cuda'):
-        state['cuda'] = torch.cuda.get_rng_state(process.device)
-    if not process.ddp:
-        return [state]
-    gathered = [None] * process.world
-    dist.all_gather_object(gathered, {k: v.cpu() for k, v in state.items()})
-    return gathered
+class RankRNG:
+    """Every rank's torch (and cuda) RNG state, as a checkpoint field: state_dict() gathers them
+    all as tensors (they load under weights_only=True), a collective; load_state_dict() sets this
+    rank's own (a rank beyond the saved world size keeps its seed)."""
 
+    def __init__(self, process):
+        self.process = process
 
-def set_rng_state(process, states):
-    if process.rank < len(states):
-        torch.set_rng_state(states[process.rank]['torch'])
-        if 'cuda' in states[process.rank] and process.device.startswith('cuda'):
-            torch.cuda.set_rng_state(states[process.rank]['cuda'], process.device)
+    @all_ranks
+    def state_dict(self):
+        process, state = self.process, {'torch': torch.get_rng_state()}
+        if process.device.startswith('cuda'):
+            state['cuda'] = torch.cuda.get_rng_state(process.device)
+        if not process.ddp:
+            return [state]
+        gathered = [None] * process.world
+        all_gather_object(gathered, {k: v.cpu() for k, v in state.items()})
+        return gathered
+
+    def load_state_dict(self, states):
+        process = self.process
+        if process.rank < len(states):
+            torch.set_rng_state(states[process.rank]['torch'])
+            if 'cuda' in states[process.rank] and process.device.startswith('cuda'):
+                torch.cuda.set_rng_state(states[process.rank]['cuda'], process.device)
 
 
 # -----------------------------------------------------------------------------
@@ -169,7 +232,8 @@ class Signals:
         print(f"{name}{where}: saving a checkpoint and stopping (a second one stops at once)",
               file=sys.stderr, flush=True)
 
-    def requested(self, step, log_interval):
+    @all_ranks
+    def all_ranks_agree_to_stop(self, step, log_interval):
         """A signal arrived on any rank. Under DDP that is one all-reduce, so it is asked only at
         log steps: still well inside torchrun's grace period, and no per-step host sync."""
         if self.process.ddp and step % log_interval:
@@ -184,7 +248,7 @@ class Signals:
         else:
             numbers = torch.zeros(self.process.world, device=self.process.device)
             numbers[self.process.rank] = self.number or 0
-            dist.all_reduce(numbers)
+            all_reduce(numbers)
             found = [(rank, int(n)) for rank, n in enumerate(numbers.tolist()) if n]
         self.agreed_stop = found[0] if found else None
         return self.agreed_stop

@@ -442,7 +442,7 @@ def test_keep_checkpoints_writes_exactly_the_steps_asked_for(data_root, tmp_path
 def test_step_times_leave_out_a_kept_checkpoints_save(data_root, tmp_path, monkeypatch):
     """A kept checkpoint's save is not a step's time: with a save that takes 100 s on a clock
     that jumps, no logged step time comes near it."""
-    offset, real_time, real_save = [0.0], time.time, train.save
+    offset, real_time, real_save = [0.0], time.time, train.all_ranks_save
     monkeypatch.setattr(time, 'time', lambda: real_time() + offset[0])
 
     def slow_save(run, reason, name='ckpt.pt'):
@@ -450,7 +450,7 @@ def test_step_times_leave_out_a_kept_checkpoints_save(data_root, tmp_path, monke
         if reason == 'kept':
             offset[0] += 100
 
-    monkeypatch.setattr(train, 'save', slow_save)
+    monkeypatch.setattr(train, 'all_ranks_save', slow_save)
     log = run(data_root, tmp_path, max_iters=12, eval_interval=100, keep_checkpoints=(6,))
     times = [e['dt_ms'] for e in log if e.get('dt_ms')]
     assert len(times) >= 8 and max(times) < 50_000
