@@ -188,10 +188,10 @@ def test_a_width_a_file_derives_follows_a_later_n_embd():
     assert cfg.n_embd == 384 and cfg.mlp_hidden == 4 * 384  # the MLP its file meant
     _, cfg = model_of(['config/small.py', 'config/reduced_mlp.py', '--n_embd=256'])
     assert cfg.mlp_hidden == 4 * 256 + 128  # 4.5 x the width, as the file says
-    c, _ = model_of(['config/small.py', 'config/gpt2_init.py', '--n_embd=256'])
-    assert c['init_std'] == 0.02 * (768 / 256) ** 0.5
-    c, _ = model_of(['config/small.py', 'config/gpt2_init.py'])  # no later key: as before
-    assert c['init_std'] == 0.02 * (768 / 128) ** 0.5
+    _, cfg = model_of(['config/small.py', 'config/gpt2_init.py', '--n_embd=256'])
+    assert cfg.init_std == 0.02 * (768 / 256) ** 0.5
+    _, cfg = model_of(['config/small.py', 'config/gpt2_init.py'])  # no later key: as before
+    assert cfg.init_std == 0.02 * (768 / 128) ** 0.5
 
 
 def test_a_file_stacked_on_another_is_refused_alone_in_one_line(command_line):
