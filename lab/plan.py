@@ -9,7 +9,8 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
-from kvgpt.config import parse_value, variant_settings
+from bench import variant_settings
+from kvgpt.config import parse_value
 from kvgpt.errors import UserError
 from kvgpt.files import read_json, read_jsonl, write_text
 from model import GPTConfig, upgrade_query
