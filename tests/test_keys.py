@@ -212,9 +212,8 @@ def test_each_argument_is_applied_once_in_order(tmp_path):
 
 
 def test_config_files_state_choices_not_values_derived_from_other_keys():
-    """Every value a file used to compute from the width or the head size is a choice now, which
-    the model turns into a value from the final settings: a model key a file sets reads no
-    other key (config/baseline_small.py's width is its own choice, 31/32 of the width so far)."""
+    """A config file sets choices, never a value the model derives from the final settings (the
+    MLP width, the scale, the init std, the query rank, the K/V heads), so none goes stale."""
     import train
     from bench import CONFIG_DIR
     from kvgpt.config import run_config_file
