@@ -18,33 +18,60 @@ import time
 
 import torch
 
-from kvgpt import config
-from kvgpt.config import Kind, parse_config, run_config_file
+from kvgpt.config import Kind, defaults, keys, parse_config, run_config_file
 from kvgpt.data import open_dataset
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import UserError, run_main
 from model import GPT, GPTConfig
 
-DEFAULTS = dict(
-    variants='baseline,reduced,reduced_mlp',  # config/<name>.py files, compared side by side
-    n_layer=12,  # the geometry every variant is measured at (GPT-2 small's by default)
-    n_head=12,  # attention heads
-    n_embd=768,  # width; a variant file's settings are evaluated against it
-    block_size=1024,  # tokens per sequence
-    vocab_size=50304,  # GPT-2's, padded to a multiple of 64
-    batch_size=4,  # sequences per step
-    steps=10,  # timed steps per variant
-    warmup=2,  # untimed steps per variant first (compilation happens here)
-    device=None,  # None: cuda when available, else cpu
-    dtype=None,  # None: bfloat16 on cuda where supported, float32 on cpu
-    compile=None,  # None: on for cuda
-    dataset=None,  # train on real tokens from data/<dataset>/train.bin; None: random tokens
-    data_root='data',  # where prepared datasets live (with dataset)
-    json_out=None,  # append the results' JSON lines to this file
-    seed=1337,  # model init and random tokens
+KEYS = keys(
+    variants=('baseline,reduced,reduced_mlp', "config/<name>.py files, compared side by side"),
+    n_layer=(12, "the geometry every variant is measured at (GPT-2 small's by default)"),
+    n_head=(12, "attention heads"),
+    n_embd=(768, "width; a variant file's settings are evaluated against it"),
+    block_size=(1024, "tokens per sequence"),
+    vocab_size=(50304, "GPT-2's, padded to a multiple of 64"),
+    batch_size=(4, "sequences per step"),
+    steps=(10, "timed steps per variant"),
+    warmup=(2, "untimed steps per variant first (compilation happens here)"),
+    device=(None, "None: cuda when available, else cpu", Kind('device')),
+    dtype=(None, "None: bfloat16 on cuda where supported, float32 on cpu", Kind(str, DTYPES)),
+    compile=(None, "None: on for cuda", Kind(bool)),
+    dataset=(None, "train on real tokens from data/<dataset>/train.bin; None: random tokens",
+             Kind(str)),
+    data_root=('data', "where prepared datasets live (with dataset)"),
+    json_out=(None, "append the results' JSON lines to this file", Kind(str)),
+    seed=(1337, "model init and random tokens"),
 )
-TYPES = dict(device=Kind('device'), dtype=Kind(str, DTYPES),
-             compile=Kind(bool), dataset=Kind(str), json_out=Kind(str))
+DEFAULTS = defaults(KEYS)
+
+
+# the repository's config/ folder, beside bench.py
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config')
+
+
+def variants(geometry):
+    """The model variants, in name order: every config/<name>.py that names a run (out_dir) without
+    choosing data (the CPU bases set dataset, directly or by stacking). A variant is defined by its
+    file alone: bench.py, lab.report and the studies read this list, nothing else names them."""
+    names = []
+    for f in sorted(os.listdir(CONFIG_DIR)):
+        if f.endswith('.py'):
+            made = run_config_file(os.path.join(CONFIG_DIR, f), geometry)
+            if 'out_dir' in made and 'dataset' not in made:
+                names.append(f[:-3])
+    return names
+
+
+def variant_settings(name, geometry, wanted):
+    """The settings among wanted (the model's keys) that config/<name>.py makes, run with the
+    geometry in scope (config/baseline_small.py takes 31/32 of its width)."""
+    known = variants(geometry)
+    if name not in known:
+        raise UserError(f"unknown variant '{name}': choose from {', '.join(known)} "
+                        "(a file config/<name>.py)")
+    made = run_config_file(os.path.join(CONFIG_DIR, f'{name}.py'), geometry)
+    return {k: v for k, v in made.items() if k in wanted}
 
 
 def variant_config(name, c):
@@ -54,9 +81,9 @@ def variant_config(name, c):
     geometry = {k: c[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size')}
     base = dict(GPTConfig(**geometry).__dict__)
     first, *extras = name.split('+')
-    settings = config.variant_settings(first, base, base.keys())
+    settings = variant_settings(first, base, base.keys())
     for extra in extras:
-        path = os.path.join(config.CONFIG_DIR, f'{extra}.py')
+        path = os.path.join(CONFIG_DIR, f'{extra}.py')
         if not os.path.isfile(path):
             raise UserError(f"unknown config '{extra}' in '{name}': what follows a '+' is a file "
                             "config/<name>.py stacked onto the variant")
@@ -177,7 +204,7 @@ def write_results(c, results):
 
 
 def main(argv=None):
-    c = parse_config(DEFAULTS, argv, types=TYPES)
+    c = parse_config(KEYS, argv, usage=__doc__)
     dev = setup_device(c['device'], c['dtype'], c['compile'])
     return write_results(c, bench_train(c, dev))
 

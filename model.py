@@ -11,7 +11,7 @@ nanoGPT (transformer.wte, h.N.attn.c_attn, ...), so nanoGPT checkpoints load as 
 """
 import math
 import os
-from dataclasses import InitVar, dataclass, fields
+from dataclasses import InitVar, dataclass, field, fields
 from typing import Optional
 
 import torch
@@ -27,52 +27,81 @@ from torch.nn import functional as F
 #   nonlinear      mix * (x + f(x)),           the follow-up (arXiv 2603.13381), mix = 1/2 and
 #                  f = LN(GELU(RMSNorm(x) W1) W2), W1: d x r, W2: r x d, r = d/2: W_Q's d^2
 QUERY_MODES = ('linear', 'identity', 'residual', 'residual_gelu', 'nonlinear')
+POSITIONS = ('learned', 'rope')  # GPT-2's wpe table, or rotary q and k
 ACTIVATIONS = {'gelu': lambda x: F.gelu(x), 'gelu_tanh': lambda x: F.gelu(x, approximate='tanh'),
                'relu': F.relu}
 
 
+def setting(default, text, choices=None):
+    """A GPTConfig field with the line `python train.py --help` shows for it."""
+    return field(default=default, metadata=dict(help=text, choices=choices))
+
+
 @dataclass
 class GPTConfig:
-    block_size: int = 1024  # the longest sequence: positions 0..block_size-1
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
-    n_layer: int = 12  # transformer blocks
-    n_head: int = 12  # attention heads per block; head size n_embd // n_head
-    n_embd: int = 768  # width of the residual stream
-    dropout: float = 0.0  # on attention weights, residual writes and embeddings (training only)
-    bias: bool = False  # biases in Linears and LayerNorms
-    tie_weights: bool = True  # lm_head shares the token embedding
-    mlp_hidden: Optional[int] = None  # None: 4 * n_embd (paper's larger MLP: 3456)
-    query: str = 'linear'  # one of QUERY_MODES; 'identity' is the paper's reduced model
-    query_rank: Optional[int] = None  # nonlinear query: bottleneck width r; None: n_embd // 2
-    query_mix: float = 0.5  # nonlinear query: q = query_mix * (x + f(x)); follow-up's code: 1.0
-    key_identity: bool = False  # W_K = I (theory: any one of the three may go)
-    value_identity: bool = False  # W_V = I
-    attn_scale: Optional[float] = None  # None: 1/sqrt(hd), halved when Q or K is I
-    n_kv_head: Optional[int] = None  # None: n_head; fewer is grouped-query attention
-    pos: str = 'learned'  # 'learned' (GPT-2's wpe table) or 'rope' (rotary q and k, no wpe)
-    rope_base: float = 10000.0  # RoPE: the wavelength base of its frequencies
-    qk_norm: bool = False  # RMSNorm (learned gain) of q and k per head, before RoPE
-    learn_scale: bool = False  # a learned softmax scale per head, exp(theta_h) from ln(scale)
-    # model: the paper's theoretical settings (section 4), off by default
-    norm: bool = True  # False: no LayerNorm anywhere (where the theorems are exact)
-    mlp_residual: bool = True  # False: the skip connection surrounds only the attention
-    share_layers: bool = False  # one block's weights reused n_layer times (ALBERT-style)
-    activation: str = 'gelu'  # 'gelu_tanh': OpenAI GPT-2's approximation; 'relu': theorem 8.4's
-    init_std: float = 0.02  # every weight's init std (GPT-2's); residual projections /√(2 n_layer)
+    """The model's settings. A setting left None is derived here from the others (in
+    __post_init__, or `scale` for the softmax scale), so config files state choices only and a
+    later --n_embd or --n_head never leaves a derived width or scale stale."""
+    block_size: int = setting(1024, "the longest sequence: positions 0..block_size-1")
+    vocab_size: int = setting(50304, "GPT-2's 50257 padded up to a multiple of 64 for speed")
+    n_layer: int = setting(12, "transformer blocks")
+    n_head: int = setting(12, "attention heads per block; head size n_embd // n_head")
+    n_embd: int = setting(768, "width of the residual stream")
+    dropout: float = setting(
+        0.0, "on attention weights, residual writes and embeddings (training only)")
+    bias: bool = setting(False, "biases in Linears and LayerNorms")
+    tie_weights: bool = setting(True, "lm_head shares the token embedding")
+    mlp_hidden: Optional[int] = setting(None, "the MLP's width; None: mlp_ratio x n_embd")
+    mlp_ratio: float = setting(4.0, "the MLP's width over n_embd, rounded toward 4 (the paper's "
+                               "larger MLP: 4.5, 3456 at n_embd 768)")
+    query: str = setting('linear', "how queries are made; 'identity' is the paper's reduced "
+                         "model", QUERY_MODES)
+    query_rank: Optional[int] = setting(
+        None, "nonlinear query: bottleneck width r; None: query_ratio x n_embd")
+    query_ratio: float = setting(0.5, "nonlinear query: r over n_embd (the follow-up's 1/2)")
+    query_mix: float = setting(
+        0.5, "nonlinear query: q = query_mix * (x + f(x)); follow-up's code: 1.0")
+    key_identity: bool = setting(False, "W_K = I (theory: any one of the three may go)")
+    value_identity: bool = setting(False, "W_V = I")
+    attn_scale: Optional[float] = setting(
+        None, "the softmax scale; None: attn_scale_factor / sqrt(head size)")
+    attn_scale_factor: Optional[float] = setting(
+        None, "None: 1/2 when Q or K is I (the paper's halved scale), else 1")
+    n_kv_head: Optional[int] = setting(None, "None: n_head; fewer is grouped-query attention")
+    pos: str = setting('learned', "'learned' (GPT-2's wpe table) or 'rope' (rotary q and k, no "
+                       "wpe)", POSITIONS)
+    rope_base: float = setting(10000.0, "RoPE: the wavelength base of its frequencies")
+    qk_norm: bool = setting(False, "RMSNorm (learned gain) of q and k per head, before RoPE")
+    learn_scale: bool = setting(
+        False, "a learned softmax scale per head, exp(theta_h) from ln(scale)")
+    # the paper's theoretical settings (section 4), off by default
+    norm: bool = setting(True, "False: no LayerNorm anywhere (where the theorems are exact)")
+    mlp_residual: bool = setting(True, "False: the skip connection surrounds only the attention")
+    share_layers: bool = setting(False, "one block's weights reused n_layer times (ALBERT-style)")
+    activation: str = setting('gelu', "'gelu_tanh': OpenAI GPT-2's approximation; 'relu': "
+                              "theorem 8.4's", tuple(ACTIVATIONS))
+    init_std: Optional[float] = setting(None, "every weight's init std (residual projections "
+                                        "/√(2 n_layer)); None: 0.02, GPT-2's, or see init_width")
+    init_width: Optional[int] = setting(None, "init_std None: 0.02 * sqrt(init_width / n_embd), "
+                                        "GPT-2's σ·√d at this width (config/gpt2_init.py)")
     query_identity: InitVar[bool] = False  # the paper's flag: True is query='identity', not stored
 
     def __post_init__(self, query_identity=False):
         if query_identity:  # 'linear' is the unset default here
             self.query = upgrade_query(dict(query_identity=True, query=None if self.query ==
                                             'linear' else self.query))['query']
-        self.mlp_hidden = 4 * self.n_embd if self.mlp_hidden is None else self.mlp_hidden
-        self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
-        self.query_rank = self.n_embd // 2 if self.query_rank is None else self.query_rank
-        positive = ['block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden',
-                    'n_kv_head', 'query_rank', 'query_mix', 'init_std']
-        for name in positive + (['attn_scale'] if self.attn_scale is not None else []):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        self.check_positive('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd',
+                            'init_width', 'attn_scale_factor', 'attn_scale')
+        width = self.n_embd
+        if self.mlp_hidden is None:  # rounded toward 4x: 3.5 and 4.5 are n_embd // 2 either side
+            self.mlp_hidden = 4 * width + int((self.mlp_ratio - 4) * width)
+        if self.query_rank is None:
+            self.query_rank = int(self.query_ratio * width)
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.init_std is None:  # GPT-2's 0.02, or its σ·√d kept at init_width
+            self.init_std = 0.02 * (self.init_width / width) ** 0.5 if self.init_width else 0.02
+        self.check_positive('mlp_hidden', 'n_kv_head', 'query_rank', 'query_mix', 'init_std')
         identities = ([f"query='{self.query}'"] if self.query != 'linear' else []) + [
             n for n in ('key_identity', 'value_identity') if getattr(self, n)]
         rope_ok = self.pos != 'rope' or (self.head_dim % 2 == 0 and self.rope_base > 0)
@@ -91,7 +120,7 @@ class GPTConfig:
                 (self.activation in ACTIVATIONS, f"activation must be one of "
                  f"{', '.join(ACTIVATIONS)}, got {self.activation!r}"),
                 (0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}"),
-                (self.pos in ('learned', 'rope'),
+                (self.pos in POSITIONS,
                  f"pos must be 'learned' or 'rope', got {self.pos!r}"),
                 (rope_ok, f"pos='rope' needs an even head size and rope_base > 0, got head size "
                  f"{self.head_dim} and rope_base {self.rope_base}")):
@@ -110,12 +139,20 @@ class GPTConfig:
 
     @property
     def scale(self):
-        """attn_scale, or 1/sqrt(hd), halved for W_Q = I (or W_K = I) as the paper does: with one
-        learned matrix in the logits they start with a larger variance."""
+        """attn_scale, or attn_scale_factor / sqrt(hd), the factor 1/2 for W_Q = I (or W_K = I) as
+        the paper does: with one learned matrix in the logits they start with a larger variance."""
         if self.attn_scale is not None:
             return float(self.attn_scale)
-        halved = self.query == 'identity' or self.key_identity
-        return 1.0 / ((2.0 if halved else 1.0) * math.sqrt(self.head_dim))
+        factor = self.attn_scale_factor
+        if factor is None:
+            factor = 0.5 if self.query == 'identity' or self.key_identity else 1.0
+        return factor / math.sqrt(self.head_dim)
+
+    def check_positive(self, *names):
+        for name in names:
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
 
 
 def upgrade_query(args):

@@ -26,7 +26,7 @@ import sysconfig
 
 import numpy as np
 
-from kvgpt.config import Kind, parse_config
+from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.data import EMBEDDED_CORPORA, SPLITS, bins_match_meta, write_dataset
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import read_json
@@ -36,28 +36,31 @@ from kvgpt.tokenizer import TOKENIZERS, get_tokenizer
 # settings
 
 
-DEFAULTS = dict(
-    dataset='openwebtext',  # 'openwebtext', 'pydocs', 'pysource' (embedded), a hub id, local files
-    hub_id='Skylion007/openwebtext',  # where --dataset=openwebtext loads from
-    hub_config=None,  # the hub dataset's config (subset) name, e.g. FineWeb's 'sample-10BT'
-    streaming=False,  # tokenize while reading, with no raw copy on disk (needs val_documents)
-    val_documents=None,  # the first this many documents are val, in order (llm.c's FineWeb
-        # shard 0); None: a random val_size share (nanoGPT's split)
-    text_column='text',  # the column (or JSON field) that holds each document's text
-    tokenizer=None,  # 'gpt2' or 'byte'; None: byte for the embedded corpora (offline), else gpt2
-    val_size=None,  # fraction held out; None: 0.0005 for openwebtext, 0.1 for one text, else 0.05
-    seed=2357,  # nanoGPT's split seed
-    num_proc=max(1, (os.cpu_count() or 2) // 2),  # tokenizer worker processes
-    dtype='auto',  # uint16 when the vocabulary fits, else uint32
-    data_root='data',  # the bins go to data_root/<out_name>/
-    out_name=None,  # None: derived from the dataset
-    force=False,  # re-run even if a run with the same settings finished (after editing the source)
-    progress=True,  # datasets' progress bars (off when train.py prepares an embedded corpus)
+KEYS = keys(
+    dataset=('openwebtext', "'openwebtext', 'pydocs', 'pysource' (embedded), a hub id, local "
+             "files"),
+    hub_id=('Skylion007/openwebtext', "where --dataset=openwebtext loads from"),
+    hub_config=(None, "the hub dataset's config (subset) name, e.g. FineWeb's 'sample-10BT'",
+                Kind(str)),
+    streaming=(False, "tokenize while reading, with no raw copy on disk (needs val_documents)"),
+    val_documents=(None, "the first this many documents are val, in order (llm.c's FineWeb "
+                   "shard 0); None: a random val_size share (nanoGPT's split)", Kind(int)),
+    text_column=('text', "the column (or JSON field) that holds each document's text"),
+    tokenizer=(None, "'gpt2' or 'byte'; None: byte for the embedded corpora (offline), else gpt2",
+               Kind(str, tuple(TOKENIZERS))),
+    val_size=(None, "fraction held out; None: 0.0005 for openwebtext, 0.1 for one text, else 0.05",
+              Kind(float)),
+    seed=(2357, "nanoGPT's split seed"),
+    num_proc=(max(1, (os.cpu_count() or 2) // 2), "tokenizer worker processes"),
+    dtype=('auto', "uint16 when the vocabulary fits, else uint32",
+           Kind(str, ('auto', 'uint8', 'uint16', 'uint32'))),
+    data_root=('data', "the bins go to data_root/<out_name>/"),
+    out_name=(None, "None: derived from the dataset", Kind(str)),
+    force=(False, "re-run even if a run with the same settings finished (after editing the "
+           "source)"),
+    progress=(True, "datasets' progress bars (off when train.py prepares an embedded corpus)"),
 )
-# the type of each key whose default does not say it (--help shows them)
-TYPES = dict(tokenizer=Kind(str, tuple(TOKENIZERS)), val_size=Kind(float), out_name=Kind(str),
-             hub_config=Kind(str), val_documents=Kind(int),
-             dtype=Kind(str, ('auto', 'uint8', 'uint16', 'uint32')))
+DEFAULTS = defaults(KEYS)
 LOCAL_BUILDERS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}
 
 
@@ -468,7 +471,7 @@ def prepare_streamed(ds, c, tok, dtype, out_dir, settings):
 
 
 def main(argv=None):
-    return prepare(parse_config(DEFAULTS, argv, show=True, types=TYPES))
+    return prepare(parse_config(KEYS, argv, show=True, usage=__doc__))
 
 
 if __name__ == '__main__':

@@ -13,31 +13,31 @@ import sys
 import torch
 
 from kvgpt.checkpoint import model_from_checkpoint
-from kvgpt.config import Kind, parse_config
+from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.device import DTYPES, setup_device
 from kvgpt.errors import UserError, model_errors, run_main
 from kvgpt.tokenizer import get_tokenizer, stream_decoder
 from model import GPT
 
-DEFAULTS = dict(
-    out_dir='out',  # the run to sample from (out_dir/ckpt.pt)
-    init_from='resume',  # 'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 folder
-    start='\n',  # the prompt, or FILE:path to read it from a file
-    num_samples=3,  # samples drawn, one after another
-    max_new_tokens=500,  # tokens generated per sample at most
-    temperature=0.8,  # 0 is greedy
-    top_k=200,  # None: no top-k filtering
-    top_p=None,  # nucleus sampling, in (0, 1]
-    stop_at_eot=True,  # end a sample at the end-of-text token
-    seed=1337,  # the sampling generator's seed: the same seed, the same samples
-    device=None,  # None: cuda when available, else cpu
-    dtype=None,  # None: bfloat16 on cuda where native, float16 on older GPUs, float32 on cpu
-    compile=False,  # True: torch.compile the decoding steps
-    use_cache=True,  # False: recompute the whole context for every token (for comparison)
+KEYS = keys(
+    out_dir=('out', "the run to sample from (out_dir/ckpt.pt)"),
+    init_from=('resume', "'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 "
+               "folder"),
+    start=('\n', "the prompt, or FILE:path to read it from a file"),
+    num_samples=(3, "samples drawn, one after another"),
+    max_new_tokens=(500, "tokens generated per sample at most"),
+    temperature=(0.8, "0 is greedy"),
+    top_k=(200, "None: no top-k filtering", Kind(int, optional=True)),
+    top_p=(None, "nucleus sampling, in (0, 1]", Kind(float)),
+    stop_at_eot=(True, "end a sample at the end-of-text token"),
+    seed=(1337, "the sampling generator's seed: the same seed, the same samples"),
+    device=(None, "None: cuda when available, else cpu", Kind('device')),
+    dtype=(None, "None: bfloat16 on cuda where native, float16 on older GPUs, float32 on cpu",
+           Kind(str, DTYPES)),
+    compile=(False, "True: torch.compile the decoding steps"),
+    use_cache=(True, "False: recompute the whole context for every token (for comparison)"),
 )
-# the type of each key whose default does not say it (--help shows them)
-TYPES = dict(top_k=Kind(int, optional=True), top_p=Kind(float), device=Kind('device'),
-             dtype=Kind(str, DTYPES))
+DEFAULTS = defaults(KEYS)
 
 
 def check_settings(c):
@@ -134,7 +134,7 @@ def sample(c):
 
 
 def main(argv=None):
-    return sample(parse_config(DEFAULTS, argv, types=TYPES))
+    return sample(parse_config(KEYS, argv, usage=__doc__))
 
 
 if __name__ == '__main__':

@@ -43,6 +43,35 @@ def test_paper_variant_counts_and_scales(overrides, params, scale):
     assert model.config.scale == pytest.approx(scale, rel=1e-12)
 
 
+@pytest.mark.parametrize('n_embd,n_head', [(768, 12), (128, 2), (256, 4), (189, 7)])
+def test_derived_values_follow_the_final_geometry(n_embd, n_head):
+    """Left None, the MLP width, query rank, K/V heads, init std and softmax scale are derived
+    from the final n_embd and n_head: the widths config files used to write out, at any size."""
+    cfg = lambda **kw: GPTConfig(n_embd=n_embd, n_head=n_head, **kw)
+    hd = n_embd // n_head
+    assert cfg(mlp_ratio=4.5).mlp_hidden == 4 * n_embd + n_embd // 2  # config/reduced_mlp.py's
+    assert cfg(mlp_ratio=3.5).mlp_hidden == 4 * n_embd - n_embd // 2  # baseline_small_mlp.py's
+    assert cfg().mlp_hidden == 4 * n_embd and cfg().n_kv_head == n_head
+    assert (cfg().query_rank, cfg(query_ratio=1 / 8).query_rank) == (n_embd // 2, n_embd // 8)
+    assert cfg().init_std == 0.02
+    assert cfg(init_width=768).init_std == 0.02 * (768 / n_embd) ** 0.5  # config/gpt2_init.py's
+    assert cfg(query='identity').scale == 1 / (2 * hd ** 0.5)
+    assert cfg(query='nonlinear', attn_scale_factor=0.5).scale == 1 / (2 * hd ** 0.5)
+    assert cfg(query='identity', attn_scale_factor=1.0).scale == hd ** -0.5
+    assert cfg(attn_scale_factor=0.5).scale == 0.5 * hd ** -0.5
+
+
+def test_a_value_given_wins_over_its_rule_and_survives_a_reload():
+    """model_args hold the derived values: a config rebuilt from them is the same config."""
+    from dataclasses import asdict
+    cfg = GPTConfig(mlp_ratio=4.5, init_width=768, n_embd=128, n_head=2, attn_scale=0.3,
+                    attn_scale_factor=1.0, query_rank=8, query_ratio=0.25)
+    assert (cfg.mlp_hidden, cfg.init_std, cfg.scale, cfg.query_rank) == (
+        576, 0.02 * 6 ** 0.5, 0.3, 8)
+    assert GPTConfig.from_dict(asdict(cfg)) == cfg
+    assert GPTConfig(init_std=0.049, init_width=768).init_std == 0.049
+
+
 def test_reduced_saves_n_layer_n_embd_squared_and_a_quarter_of_attention():
     with torch.device('meta'):
         base = GPT(GPTConfig(**GPT2), verbose=False)
@@ -209,6 +238,9 @@ def test_tiny_model_overfits_one_batch(kw, steps):
     (dict(n_embd=30, n_head=4), 'divisible by n_head'),
     (dict(attn_scale=-1.0), 'attn_scale must be positive'),
     (dict(mlp_hidden=0), 'mlp_hidden must be positive'),
+    (dict(mlp_ratio=-4.0), 'mlp_hidden must be positive'),
+    (dict(init_width=0), 'init_width must be positive'),
+    (dict(attn_scale_factor=0.0), 'attn_scale_factor must be positive'),
 ])
 def test_bad_configs_fail_clearly(kw, message):
     with pytest.raises(ValueError, match=message):

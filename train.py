@@ -27,6 +27,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
+from typing import get_args
 
 import torch
 import torch.distributed as dist
@@ -35,85 +36,107 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from evals import hellaswag
 from kvgpt import checkpoint, distributed
 from kvgpt.checkpoint import load_optimizer_state, model_from_checkpoint, save_checkpoint
-from kvgpt.config import Kind, field_kinds, parse_config, print_overrides
+from kvgpt.config import Key, Kind, defaults, keys, parse_config, print_overrides
 from kvgpt.data import Dataset, check_fits, check_same_data, open_or_prepare
 from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import UserError, fs_error, model_errors, run_main
 from kvgpt.tracking import Record, open_trackers, wandb_run_id
-import model
-from model import ACTIVATIONS, GPT, QUERY_MODES, GPTConfig, upgrade_query
+from model import GPT, QUERY_MODES, GPTConfig, upgrade_query
 
 # -----------------------------------------------------------------------------
-# settings: GPT-2 small on OpenWebText, the authors' baseline; config/*.py and --key=value
-DEFAULTS = dict(
-    # run: where it goes, what it logs and keeps
-    out_dir='out',  # checkpoints, log.jsonl and config.json of the run
-    init_from='scratch',  # scratch, resume, auto, gpt2..gpt2-xl, a GPT-2 folder, a ckpt_<step>.pt
-    overwrite=False,  # True: init_from='scratch' may start over an out_dir holding a checkpoint
-    eval_interval=1000,  # steps between evaluations (and checkpoints)
-    eval_iters=200,  # batches per split in each evaluation
-    eval_only=False,  # evaluate the checkpoint (with the full val loss) into eval.jsonl, and stop
-    log_interval=10,  # steps between log lines (loss, gradient norm, step time)
-    probe=None,  # a module whose probe(data, c, device) adds to each evaluation's log line
-    hellaswag=None,  # a HellaSwag-format .jsonl, or 'download': scored at the end (evals/)
-    hellaswag_interval=0,  # also score it at evaluations every this many steps; 0: the end only
-    hellaswag_items=None,  # score its first this many items; None: all
-    always_save_checkpoint=True,  # False: save only when val loss improves (nanoGPT's option)
-    keep_checkpoints=(50000, 100000, 105000),  # steps whose ckpt_<step>.pt is kept (the authors')
-    wandb_log=False,  # also log to Weights & Biases (pip install wandb); a resume continues it
-    wandb_project='kvgpt',  # the W&B project
-    wandb_run_name=None,  # the W&B run name; None: the out_dir's name
-    tensorboard_log=False,  # also write TensorBoard scalars to out_dir/tensorboard
-    # data
-    dataset='openwebtext',  # data_root/<dataset>/ of prepare.py (pydocs, pysource: made if absent)
-    data_root='data',  # where prepared datasets live
-    data_seed=1337,  # the batches of step k depend on (data_seed, k) only
-    gradient_accumulation_steps=40,  # in total, over all processes
-    batch_size=12,  # micro-batch per process
-    block_size=1024,  # tokens per window; from scratch the model's context too (resumed: its own)
-    # model: every GPTConfig field of model.py with its default; the three here train.py resolves
-    vocab_size=None,  # None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: 50304)
-    query=None,  # None: the model's default, 'linear' (so a resume does not report it as a change)
-    query_identity=False,  # the old spelling of query='identity': read, then folded into query
-    # optimiser: AdamW
-    learning_rate=6e-4,  # the peak learning rate
-    weight_decay=0.1,  # decoupled, on matrices and embeddings (none on norms and biases)
-    beta1=0.9,  # AdamW's first-moment decay
-    beta2=0.95,  # AdamW's second-moment decay
-    grad_clip=1.0,  # clip the global gradient norm to this; 0 disables
-    # schedule
-    max_iters=105002,  # steps to train: the run stops when iter_num reaches it (the authors')
-    decay_lr=True,  # False: the peak learning rate throughout
-    lr_schedule='cosine',  # after warmup: cosine, or wsd (warmup-stable-decay: flat, then cool)
-    warmup_iters=2000,  # linear warmup steps
-    lr_decay_iters=600000,  # the cosine reaches min_lr here (past max_iters: the run ends before)
-    min_lr=6e-5,  # the floor: the cosine's, or where the wsd cooldown ends
-    cooldown_frac=0.2,  # wsd: the last fraction of max_iters that cools down from the peak
-    cooldown_shape='linear',  # wsd: linear, or 1-sqrt (peak - (peak - min_lr) * sqrt(progress))
-    # system
-    device=None,  # None: cuda when available, else cpu
-    dtype=None,  # None: bfloat16 on cuda where native, float16 on older GPUs, float32 on cpu
-    compile=None,  # None: on for cuda, off elsewhere
-    backend=None,  # None: nccl on cuda, gloo on cpu
-    seed=1337,  # model init and dropout
-)
+# settings: GPT-2 small on OpenWebText, the authors' baseline; config/*.py and --key=value.
+# Each key: (its default, its --help line[, its type where the default's type is not it]).
+KEYS = {**keys(
+    'run',
+    out_dir=('out', "checkpoints, log.jsonl and config.json of the run"),
+    init_from=('scratch', "scratch, resume, auto (resume if a checkpoint), gpt2..gpt2-xl, a "
+               "GPT-2 folder, or a checkpoint file (a run's ckpt_<step>.pt): a branch that "
+               "continues it here"),
+    overwrite=(False, "True: init_from='scratch' may start over an out_dir holding a checkpoint"),
+    eval_interval=(1000, "steps between evaluations (and checkpoints)"),
+    eval_iters=(200, "batches per split in each evaluation"),
+    eval_only=(False,
+               "evaluate the checkpoint (with the full val loss) into eval.jsonl, and stop"),
+    log_interval=(10, "steps between log lines (loss, gradient norm, step time)"),
+    probe=(None, "a module whose probe(data, c, device) adds to each evaluation's log line",
+           Kind(str)),
+    hellaswag=(None, "a HellaSwag-format .jsonl, or 'download': scored at the end (evals/)",
+               Kind(str)),
+    hellaswag_interval=(0, "also score it at evaluations every this many steps; 0: the end only"),
+    hellaswag_items=(None, "score its first this many items; None: all",
+                     Kind(int, optional=True)),
+    always_save_checkpoint=(True, "False: save only when val loss improves (nanoGPT's option)"),
+    keep_checkpoints=((50000, 100000, 105000),
+                      "steps whose ckpt_<step>.pt is kept (the authors')"),
+    wandb_log=(False, "also log to Weights & Biases (pip install wandb); a resume continues it"),
+    wandb_project=('kvgpt', "the W&B project"),
+    wandb_run_name=(None, "the W&B run name; None: the out_dir's name", Kind(str)),
+    tensorboard_log=(False, "also write TensorBoard scalars to out_dir/tensorboard"),
+), **keys(
+    'data',
+    dataset=('openwebtext',
+             "data_root/<dataset>/ of prepare.py (pydocs, pysource: made if absent)"),
+    data_root=('data', "where prepared datasets live"),
+    data_seed=(1337, "the batches of step k depend on (data_seed, k) only"),
+    gradient_accumulation_steps=(40, "in total, over all processes"),
+    batch_size=(12, "micro-batch per process"),
+    block_size=(1024, "tokens per window; from scratch the model's context too (resumed: its "
+                "own)"),
+), **keys(
+    'model',  # every GPTConfig field (below); these three train.py resolves itself
+    vocab_size=(None, "None: the dataset's vocabulary rounded up to a multiple of 64 (gpt2: "
+                "50304)", Kind(int)),
+    query=(None, "None: the model's default, 'linear' (so a resume does not report it as a "
+           "change)", Kind(str, QUERY_MODES)),
+    query_identity=(False, "the old spelling of query='identity': read, then folded into query"),
+), **keys(
+    'optimiser',  # AdamW
+    learning_rate=(6e-4, "the peak learning rate"),
+    weight_decay=(0.1, "decoupled, on matrices and embeddings (none on norms and biases)"),
+    beta1=(0.9, "AdamW's first-moment decay"),
+    beta2=(0.95, "AdamW's second-moment decay"),
+    grad_clip=(1.0, "clip the global gradient norm to this; 0 disables"),
+), **keys(
+    'schedule',
+    max_iters=(105002, "steps to train: the run stops when iter_num reaches it (the authors')"),
+    decay_lr=(True, "False: the peak learning rate throughout"),
+    lr_schedule=('cosine', "after warmup: cosine, or wsd (warmup-stable-decay: flat, then cool)",
+                 Kind(str, ('cosine', 'wsd'))),
+    warmup_iters=(2000, "linear warmup steps"),
+    lr_decay_iters=(600000,
+                    "the cosine reaches min_lr here (past max_iters: the run ends before)"),
+    min_lr=(6e-5, "the floor: the cosine's, or where the wsd cooldown ends"),
+    cooldown_frac=(0.2, "wsd: the last fraction of max_iters that cools down from the peak"),
+    cooldown_shape=('linear', "wsd: linear, or 1-sqrt (peak - (peak - min_lr) * sqrt(progress))",
+                    Kind(str, ('linear', '1-sqrt'))),
+), **keys(
+    'system',
+    device=(None, "None: cuda when available, else cpu", Kind('device')),
+    dtype=(None, "None: bfloat16 on cuda where native, float16 on older GPUs, float32 on cpu",
+           Kind(str, DTYPES)),
+    compile=(None, "None: on for cuda, off elsewhere", Kind(bool)),
+    backend=(None, "None: nccl on cuda, gloo on cpu", Kind(str, ('nccl', 'gloo'))),
+    seed=(1337, "model init and dropout"),
+)}
 MODEL_KEYS = [f.name for f in fields(GPTConfig)]
-# every model field is a key, with GPTConfig's default (None where GPTConfig derives it)
-DEFAULTS.update({f.name: f.default for f in fields(GPTConfig) if f.name not in DEFAULTS})
-# the type of each key whose default does not say it (--help shows them): the model's from
-# GPTConfig's annotations, and the choices of a word
-TYPES = dict(
-    field_kinds(GPTConfig), query=Kind(str, QUERY_MODES), pos=Kind(str, ('learned', 'rope')),
-    activation=Kind(str, tuple(ACTIVATIONS)), device=Kind('device'), dtype=Kind(str, DTYPES),
-    compile=Kind(bool), backend=Kind(str, ('nccl', 'gloo')), probe=Kind(str),
-    lr_schedule=Kind(str, ('cosine', 'wsd')), cooldown_shape=Kind(str, ('linear', '1-sqrt')),
-    wandb_run_name=Kind(str), hellaswag=Kind(str), hellaswag_items=Kind(int, optional=True))
+
+
+def model_key(field):
+    """A GPTConfig field as a key: its default (None where GPTConfig derives it), the help line
+    and choices model.py gives it, and the type its annotation says (Optional[int]: an int)."""
+    kind = next(t for t in (*get_args(field.type), field.type) if t is not type(None))
+    return Key(field.default, field.metadata['help'], Kind(kind, field.metadata['choices']),
+               'model')
+
+
+KEYS.update({f.name: model_key(f) for f in fields(GPTConfig) if f.name not in KEYS})
+DEFAULTS = defaults(KEYS)
 
 
 def settings(argv=None):
     """The run's config from defaults, config files and --key=value; `query` the one query key."""
-    c = parse_config(DEFAULTS, argv, described_in=(__file__, model.__file__), types=TYPES)
+    c = parse_config(KEYS, argv, usage=__doc__)
     if c.pop('query_identity'):
         with model_errors('config'):
             c['query'] = upgrade_query({'query': c['query'], 'query_identity': True})['query']

@@ -6,4 +6,6 @@
 # 794,716 against 779,392, +2.0%).
 out_dir = 'out-baseline-small'
 weight_decay = 0.1
-n_embd = n_embd * 31 // 32 // n_head * n_head  # the MLP: 4 x n_embd, model.py's default
+# the width so far, scaled: a later --n_embd replaces it, and the MLP (model.py's 4 x n_embd)
+# follows the final width
+n_embd = n_embd * 31 // 32 // n_head * n_head

@@ -2,4 +2,4 @@
 # 117,295,872 parameters, the reduced model's count, to separate "fewer parameters" from "no W_Q".
 out_dir = 'out-baseline-small-mlp'
 weight_decay = 0.1
-mlp_hidden = 4 * n_embd - n_embd // 2
+mlp_ratio = 3.5  # model.py makes the width from the final n_embd

@@ -9,8 +9,7 @@
 out_dir = 'out-nonlinear'
 query = 'nonlinear'
 query_mix = 1.0  # "scale": q = x + f(x), not (x + f(x))/2 ...
-# ... with the halved scale 1/(2 sqrt(64)): the same logits
-attn_scale = 1 / (2 * (n_embd // n_head) ** 0.5)
+attn_scale_factor = 0.5  # ... with the halved scale 1/(2 sqrt(64)): the same logits
 learning_rate = 2.4e-3  # "learning_rate": 2.4e-3 (the baseline's 6e-4 x 4)
 weight_decay = 2 ** -5  # "weight_decay": 2**-5
 min_lr = 3e-5  # "min_lr": 3e-5

@@ -21,25 +21,25 @@ import urllib.request
 import torch
 import torch.nn.functional as F
 
-from kvgpt.config import Kind, parse_config
+from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.device import DTYPES, setup_device
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import atomic_write, write_json
 from kvgpt.tokenizer import get_tokenizer
 
-DEFAULTS = dict(
-    out_dir='out',  # the run to score (out_dir/ckpt.pt); the result goes to out_dir/hellaswag.json
-    init_from='resume',  # 'resume' (out_dir/ckpt.pt), or 'gpt2'..'gpt2-xl' (the hub's weights)
-    data='download',  # a .jsonl in HellaSwag's schema, or 'download': its val set, cached
-    limit=None,  # score the first this many items; None: all (10,042 in the val set)
-    batch_size=32,  # endings per forward pass
-    json_path=None,  # where the result goes; None: out_dir/hellaswag.json
-    device=None,  # None: cuda when available, else cpu
-    dtype=None,  # None: bfloat16 on cuda where supported, else float32
+KEYS = keys(
+    out_dir=('out', "the run to score (out_dir/ckpt.pt); the result goes to "
+             "out_dir/hellaswag.json"),
+    init_from=('resume', "'resume' (out_dir/ckpt.pt), or 'gpt2'..'gpt2-xl' (the hub's weights)"),
+    data=('download', "a .jsonl in HellaSwag's schema, or 'download': its val set, cached"),
+    limit=(None, "score the first this many items; None: all (10,042 in the val set)",
+           Kind(int, optional=True)),
+    batch_size=(32, "endings per forward pass"),
+    json_path=(None, "where the result goes; None: out_dir/hellaswag.json", Kind(str)),
+    device=(None, "None: cuda when available, else cpu", Kind('device')),
+    dtype=(None, "None: bfloat16 on cuda where supported, else float32", Kind(str, DTYPES)),
 )
-# the type of each key whose default does not say it (--help shows them)
-TYPES = dict(limit=Kind(int, optional=True), json_path=Kind(str), device=Kind('device'),
-             dtype=Kind(str, DTYPES))
+DEFAULTS = defaults(KEYS)
 VAL_URL = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
 CACHE = os.path.join(os.path.expanduser('~'), '.cache', 'kvgpt')
 FIELDS = ('ctx_a', 'ctx_b', 'activity_label', 'endings', 'label')
@@ -242,7 +242,7 @@ def evaluate(c):
 
 
 def main(argv=None):
-    return evaluate(parse_config(DEFAULTS, argv, show=True, types=TYPES))
+    return evaluate(parse_config(KEYS, argv, show=True, usage=__doc__))
 
 
 if __name__ == '__main__':

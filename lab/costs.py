@@ -24,29 +24,30 @@ import torch
 
 import bench
 from bench import batches, sync, timed_step, variant_config, write_results
-from kvgpt.config import Kind, parse_config
+from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.device import setup_device
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import read_jsonl, write_json, write_text
 from lab import markdown as md, probes
 from model import GPT, KVCache, causal_mask
 
-DEFAULTS = dict(
-    bench.DEFAULTS,  # the geometry, the variants, the device
-    mode='sample',  # sample | diagnostics | prepare | summary | runs | attention
-    max_new_tokens=500,  # sample mode
-    prompt_tokens=16,  # sample mode
-    tokenizer='gpt2',  # prepare mode
-    num_proc=2,  # prepare mode
-    repeat=10,  # prepare mode: copies of pydocs in the corpus
-    run_dir=None,  # summary mode: a train.py run to summarise too (json_out: the folder)
-    eval_interval=250,  # diagnostics mode: steps between evaluations (config/demo.py's)
-    study='lab/studies/v3.py',  # runs mode: the study whose baseline run is timed
-    dtypes='float32,bfloat16',  # runs mode: the dtypes compared
-    layouts='1x2,2x1',  # runs mode: jobs x threads per job, side by side
-    run_steps=100,  # runs mode: steps of each short run (the full run is projected from its parts)
-)
-TYPES = dict(bench.TYPES, run_dir=Kind(str))
+KEYS = dict(bench.KEYS, **keys(  # bench's: the geometry, the variants, the device
+    mode=('sample', "sample | diagnostics | prepare | summary | runs | attention"),
+    max_new_tokens=(500, "sample mode"),
+    prompt_tokens=(16, "sample mode"),
+    tokenizer=('gpt2', "prepare mode"),
+    num_proc=(2, "prepare mode"),
+    repeat=(10, "prepare mode: copies of pydocs in the corpus"),
+    run_dir=(None, "summary mode: a train.py run to summarise too (json_out: the folder)",
+             Kind(str)),
+    eval_interval=(250, "diagnostics mode: steps between evaluations (config/demo.py's)"),
+    study=('lab/studies/v3.py', "runs mode: the study whose baseline run is timed"),
+    dtypes=('float32,bfloat16', "runs mode: the dtypes compared"),
+    layouts=('1x2,2x1', "runs mode: jobs x threads per job, side by side"),
+    run_steps=(100, "runs mode: steps of each short run (the full run is projected from its "
+               "parts)"),
+))
+DEFAULTS = defaults(KEYS)
 
 
 def bench_sample(c, dev):
@@ -351,7 +352,7 @@ MODES = dict(sample=bench_sample, diagnostics=bench_diagnostics, attention=bench
 
 
 def main(argv=None):
-    c = parse_config(DEFAULTS, argv, types=TYPES, described_in=(__file__, bench.__file__))
+    c = parse_config(KEYS, argv, usage=__doc__)
     if c['mode'] == 'prepare':
         return bench_prepare(c)
     if c['mode'] == 'summary':

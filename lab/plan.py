@@ -9,7 +9,8 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
-from kvgpt.config import parse_value, variant_settings
+from bench import variant_settings
+from kvgpt.config import parse_value
 from kvgpt.errors import UserError
 from kvgpt.files import read_json, read_jsonl, write_gzip, write_text
 from model import GPTConfig, upgrade_query
@@ -521,14 +522,21 @@ def comparable(config):
     """A run's settings as JSON values, without what names its folder or its W&B run. Runs from
     before the probe setting logged the lab's probes with diagnostics=True, and had
     eval_windows='fixed', the one behaviour there is now: the same settings as today's. A model
-    value the code derives (the softmax scale, the MLP width, the query rank, the KV heads) is
-    compared as derived, so a config file that stopped writing one out still matches."""
+    value the code derives (the softmax scale, the MLP width, the query rank, the KV heads, the
+    init std) is compared as derived, and the choice it is derived from through it, so a run
+    whose config file wrote the value out matches one whose file states the choice."""
     config = json.loads(json.dumps(config))
-    for key in ('out_dir', 'init_from', 'model_args', 'params', 'eval_windows', 'wandb_run_name'):
+    derived = derived_model(config)
+    for key in ('out_dir', 'init_from', 'model_args', 'params', 'eval_windows', 'wandb_run_name',
+                *DERIVED_FROM):
         config.pop(key, None)
     if config.pop('diagnostics', False):
         config.setdefault('probe', 'lab.probes')
-    return dict(config, **derived_model(config))
+    return dict(config, **derived)
+
+
+# the choices of GPTConfig whose whole effect is a value derived_model returns
+DERIVED_FROM = ('attn_scale_factor', 'mlp_ratio', 'query_ratio', 'init_width')
 
 
 def derived_model(config):
@@ -541,7 +549,7 @@ def derived_model(config):
     except (TypeError, ValueError):
         return {}
     return dict(attn_scale=model.scale, mlp_hidden=model.mlp_hidden,
-                query_rank=model.query_rank, n_kv_head=model.n_kv_head)
+                query_rank=model.query_rank, n_kv_head=model.n_kv_head, init_std=model.init_std)
 
 
 def check_reused(s, p, folders, base, root, checked=None):

@@ -21,24 +21,28 @@ import sys
 
 import torch
 
+from bench import variants
 from kvgpt.checkpoint import load_checkpoint
-from kvgpt.config import Kind, parse_config, variants
+from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import atomic_write, read_json, read_jsonl, write_text
 from lab import markdown as md, stats
 from lab.plan import log_file
 from model import GPT, GPTConfig
 
-DEFAULTS = dict(
-    png=None,  # loss curves (with sweep=True: final val loss against weight decay); None: no plot
-    md=None,  # where to write the markdown tables; they are printed either way
-    gap_png=None,  # the paired relative gap of each variant to the first, against tokens
-    diag_png=None,  # every run's diagnostics (attention logit std, entropy, q/k RMS, weight norms)
-    sweep=False,  # runs named <arm>_wd<lambda>_s<seed>: final val loss per arm and weight decay
-    smooth=0.9,  # the train-loss curve's moving average: this much weight per step on the past
-    best=False,  # only print the run directory with the lowest final val loss
+KEYS = keys(
+    png=(None, "loss curves (with sweep=True: final val loss against weight decay); None: no plot",
+         Kind(str)),
+    md=(None, "where to write the markdown tables; they are printed either way", Kind(str)),
+    gap_png=(None, "the paired relative gap of each variant to the first, against tokens",
+             Kind(str)),
+    diag_png=(None, "every run's diagnostics (attention logit std, entropy, q/k RMS, weight "
+              "norms)", Kind(str)),
+    sweep=(False, "runs named <arm>_wd<lambda>_s<seed>: final val loss per arm and weight decay"),
+    smooth=(0.9, "the train-loss curve's moving average: this much weight per step on the past"),
+    best=(False, "only print the run directory with the lowest final val loss"),
 )
-TYPES = dict(png=Kind(str), md=Kind(str), gap_png=Kind(str), diag_png=Kind(str))  # for --help
+DEFAULTS = defaults(KEYS)
 QUERY_LABEL = dict(linear='full attention', identity='W_Q=I', residual='q=x+xW_Q',
                    residual_gelu='q=x+GELU(xW_Q)', nonlinear='nonlinear q')
 # the gap figure's reference lines: no gap, and the margin within which the rule says "matches"
@@ -374,7 +378,7 @@ def plot_diagnostics(runs, path):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     dirs = [a for a in argv if not a.startswith('-')]
-    c = parse_config(DEFAULTS, [a for a in argv if a.startswith('-')], types=TYPES)
+    c = parse_config(KEYS, [a for a in argv if a.startswith('-')], usage=__doc__)
     if not dirs:
         raise UserError("give one or more run directories: "
                         "python -m lab.report out-a out-b [--png=x.png] [--md=x.md]")

@@ -28,23 +28,24 @@ import subprocess
 import sys
 import time
 
-from kvgpt.config import Kind, parse_config
+from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.errors import UserError, run_main
 from lab import docs
 from lab.plan import (base_config, check_reused, commit_run, compact, init_from, load_study, plan,
                       results_of, reused as plan_reused, shell_line, train_args, work_dir)
 
-DEFAULTS = dict(
-    jobs=1,  # runs at a time on this machine
-    threads=None,  # threads per run (OMP_NUM_THREADS); None: cores // jobs
-    status=False,  # list what is done, what can start now and what waits, then stop
-    print=False,  # write the runs that can start now as shell lines, one a line, then stop
-    collect=False,  # commit the runs that finished in the work folders, gzip any plain log, stop
-    report=False,  # rewrite the study's blocks of its docs and its figures from committed logs
-    root='experiments',  # committed runs: <root>/<name>/<run>/{log.jsonl.gz,config.json}
-    work_root='.',  # runs train in <work_root>/out-<name>/<run>/ (checkpoints; not committed)
+KEYS = keys(
+    jobs=(1, "runs at a time on this machine"),
+    threads=(None, "threads per run (OMP_NUM_THREADS); None: cores // jobs",
+             Kind(int, optional=True)),
+    status=(False, "list what is done, what can start now and what waits, then stop"),
+    print=(False, "write the runs that can start now as shell lines, one a line, then stop"),
+    collect=(False, "commit the runs finished in the work folders, gzip any plain log, stop"),
+    report=(False, "rewrite the study's blocks of its docs and its figures from committed logs"),
+    root=('experiments', "committed runs: <root>/<name>/<run>/{log.jsonl.gz,config.json}"),
+    work_root=('.', "runs train in <work_root>/out-<name>/<run>/ (checkpoints; not committed)"),
 )
-TYPES = dict(threads=Kind(int, optional=True))  # what --help shows for a key whose default is None
+DEFAULTS = defaults(KEYS)
 
 # -----------------------------------------------------------------------------
 # the runner
@@ -207,8 +208,7 @@ def lock(c, s):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     files = [a for a in argv if not a.startswith('-')]
-    c = parse_config(DEFAULTS, [a for a in argv if a.startswith('-')], described_in=(__file__,),
-                     types=TYPES)
+    c = parse_config(KEYS, [a for a in argv if a.startswith('-')], usage=__doc__)
     if not files:
         raise UserError("give a study file: python -m lab.study lab/studies/v4.py [--status=True]")
     if c['jobs'] < 1:

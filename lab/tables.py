@@ -1323,8 +1323,9 @@ def geometry_table(ctx, pair, seeds, init_std, figure):
     if len(wide) < len(seeds) or len(std) < len(seeds):
         return f"Not yet: {len(wide)} of {len(seeds)} seeds at init_std {init_std:g}.\n"
     base = S.base_config(ctx.s)
+    base_std = S.derived_model(base)['init_std']
     rows = md.head('init_std', 'σ·√d', f'paired gap {pair[1]} − {pair[0]}, mean [95% interval]')
-    for value, gaps in ((base['init_std'], std), (init_std, wide)):
+    for value, gaps in ((base_std, std), (init_std, wide)):
         rows.append(f"| {value:g} | {value * base['n_embd'] ** 0.5:.2f} "
                     f"| {interval_cell(list(gaps.values()))} |")
     m, lo, hi = stats.interval95([wide[s] - std[s] for s in seeds])

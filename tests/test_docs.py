@@ -18,7 +18,7 @@ import train
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 DOCS = [os.path.join(HERE, 'README.md')] + sorted(glob.glob(os.path.join(HERE, 'docs', '*.md')))
-PARSERS = {'train.py': train.settings}  # the other scripts parse with their DEFAULTS
+PARSERS = {'train.py': train.settings}  # the other scripts parse with their KEYS
 
 
 def bash_commands(path):
@@ -74,8 +74,7 @@ def test_every_documented_command_names_a_real_script_config_and_flag(path):
                 assert os.path.isfile(os.path.join(HERE, study)), line
             args = [a for a in args if a.startswith('--')]
         module = importlib.import_module(script[:-3].replace('/', '.'))
-        parse = PARSERS.get(script) or (lambda a: config.parse_config(
-            module.DEFAULTS, a, types=getattr(module, 'TYPES', None)))
+        parse = PARSERS.get(script) or (lambda a: config.parse_config(module.KEYS, a))
         parse(args)  # a UserError names the unknown key or the bad value
 
 
@@ -138,7 +137,7 @@ def test_each_job_lives_in_the_module_named_for_it_and_train_py_does_none_of_the
     assert 'init_process_group' in inspect.getsource(distributed.setup_distributed)
     assert 'torch.save' in inspect.getsource(checkpoint.save_checkpoint)
     assert data.Dataset.__module__ == 'kvgpt.data'
-    assert 'check_value' in inspect.getsource(config.apply_arguments)
+    assert 'check_value' in inspect.getsource(config.parse_config)
     train_py = open(os.path.join(HERE, 'train.py')).read()
     for own in ('init_process_group', 'torch.save(', 'np.memmap', 'def parse_config',
                 'def check_value', 'class Dataset'):
@@ -188,15 +187,15 @@ def test_a_new_variant_is_one_file_in_config(tmp_path, monkeypatch):
     everywhere."""
     import shutil
     folder = tmp_path / 'config'
-    shutil.copytree(config.CONFIG_DIR, folder)
-    monkeypatch.setattr(config, 'CONFIG_DIR', str(folder))
+    shutil.copytree(bench.CONFIG_DIR, folder)
+    monkeypatch.setattr(bench, 'CONFIG_DIR', str(folder))
     name = 'zz_test_variant'
     (folder / f'{name}.py').write_text("out_dir = 'out-zz'\nquery = 'identity'\n"
                                        "mlp_hidden = 5 * n_embd\n")
     report.known_variants.cache_clear()
     try:
         geometry = dict(GPTConfig().__dict__)
-        assert name in config.variants(geometry) and name in report.known_variants()
+        assert name in bench.variants(geometry) and name in report.known_variants()
         cfg = bench.variant_config(name, dict(bench.DEFAULTS, n_embd=64, n_head=2))
         assert (cfg.query, cfg.mlp_hidden, cfg.n_embd) == ('identity', 320, 64)
         assert bench.main(['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16',
@@ -207,7 +206,7 @@ def test_a_new_variant_is_one_file_in_config(tmp_path, monkeypatch):
     finally:
         report.known_variants.cache_clear()
     monkeypatch.undo()
-    assert name not in config.variants(geometry)  # the checkout's config/ never held it
+    assert name not in bench.variants(geometry)  # the checkout's config/ never held it
 
 
 def test_each_variant_keeps_one_colour_and_the_demo_bases_are_not_variants():

@@ -30,16 +30,15 @@ def test_help_lists_every_key_with_its_default_type_and_a_description(name, caps
     assert stop.value.code == 0
     out = capsys.readouterr().out
     listed = set(re.findall(r'^  --(\w+)=', out, re.M))
-    assert listed == set(script.DEFAULTS), name  # every key the parser accepts, and no other
+    assert listed == set(script.KEYS) == set(script.DEFAULTS), name  # every key it accepts
     lines = {re.match(r'  --(\w+)=', line).group(1): line
              for line in out.splitlines() if line.startswith('  --')}
-    types = getattr(script, 'TYPES', {})
-    for key, default in script.DEFAULTS.items():
-        assert lines[key].startswith(f"  --{key}={default!r} "), key
-        kind = config.kind_of(key, script.DEFAULTS, types).name()
+    for key, declared in script.KEYS.items():
+        assert lines[key].startswith(f"  --{key}={declared.default!r} "), key
+        kind = config.kind_of(declared).name()
         assert 'NoneType' not in kind, f"{name}: --{key} has no declared type"
-        assert re.search(rf"  {re.escape(kind)}\s+\S", lines[key]), \
-            f"{name}: --{key} lacks its type or description"
+        assert declared.help and re.search(
+            rf" {re.escape(kind)} +{re.escape(declared.help)}$", lines[key]), f"{name}: --{key}"
     assert out.splitlines()[0] == script.__doc__.strip().splitlines()[0]
     assert 'A bool takes True or False (or true, false)' in out
     usage = out.split('Arguments are config files')[0]
@@ -48,11 +47,23 @@ def test_help_lists_every_key_with_its_default_type_and_a_description(name, caps
 
 
 def test_train_help_groups_its_keys():
-    import model
     import train
-    text = config.help_text(train.DEFAULTS, (train.__file__, model.__file__), train.TYPES)
-    groups = re.findall(r'^(\w+):$', text, re.M)
+    groups = re.findall(r'^(\w+):$', config.help_text(train.KEYS), re.M)
     assert groups == ['run', 'data', 'model', 'optimiser', 'schedule', 'system']
+
+
+def test_help_is_the_table_of_keys_and_every_model_field_has_its_line():
+    """--help prints what each key's entry declares, in the table's order within its group;
+    GPTConfig's fields carry theirs, so every model key has one."""
+    from dataclasses import fields
+    from model import GPTConfig
+    table = config.keys('paths', out=('out', "where it goes")) | config.keys(
+        'sizes', width=(None, "None: chosen for you", config.Kind(int)), depth=(2, "layers"))
+    text = config.help_text(table, 'Usage line.\n')
+    assert text.splitlines()[0] == 'Usage line.'
+    assert re.findall(r'^(\w+):\n  --(\w+)=', text, re.M) == [('paths', 'out'), ('sizes', 'width')]
+    assert re.search(r"^  --width=None +int\|None None: chosen for you$", text, re.M)
+    assert all(f.metadata['help'] for f in fields(GPTConfig))
 
 
 # every script run as `__main__` with --help, in one interpreter (torch imported once): each

@@ -21,7 +21,7 @@ SCRIPTS = {'train': train, 'sample': sample, 'prepare': prepare}
 def wrong_value(key, script):
     """A value of the wrong type for key: a word for a number, a misspelled choice, a word that is
     not a bool; None for a text key, which takes any text (a number too, as written)."""
-    kind = config.kind_of(key, script.DEFAULTS, getattr(script, 'TYPES', {}))
+    kind = config.kind_of(script.KEYS[key])
     if kind.choices:
         return kind.choices[0] + 'x'
     if kind.kind == 'device':
@@ -58,7 +58,7 @@ def test_a_text_key_takes_a_number_as_written():
     """The shell cannot quote for Python: --start=2024 is the text 2024, and 1.50 keeps its 0."""
     c = train.settings(['--out_dir=2024', '--wandb_run_name=1.50'])
     assert c['out_dir'] == '2024' and c['wandb_run_name'] == '1.50'
-    prompt = config.parse_config(sample.DEFAULTS, ['--start=2024'], types=sample.TYPES)['start']
+    prompt = config.parse_config(sample.KEYS, ['--start=2024'])['start']
     assert prompt == '2024'
     with pytest.raises(errors.UserError, match="dtype must be one of"):
         train.settings(['--dtype=16'])  # a choice stays a choice
@@ -92,8 +92,7 @@ def test_a_device_this_torch_lacks_is_one_line(script, device, message, tmp_path
 
 
 def test_help_says_what_each_key_takes():
-    import model
-    text = config.help_text(train.DEFAULTS, (train.__file__, model.__file__), train.TYPES)
+    text = config.help_text(train.KEYS)
     for key, kind in (('compile', 'bool|None'), ('device', 'device|None'),
                       ('attn_scale', 'float|None'),
                       ('mlp_hidden', 'int|None'), ('dtype', 'float32|bfloat16|float16|None')):
@@ -166,7 +165,7 @@ def test_a_wrong_type_on_the_command_line_is_one_line_and_no_traceback(tmp_path,
 
 
 # -----------------------------------------------------------------------------
-# config files stay right when a later key changes what they derived from
+# config files state choices; the model derives its values from the final settings
 
 def model_of(argv):
     import train
@@ -181,17 +180,47 @@ def test_the_reduced_model_followed_by_a_smaller_head_trains_at_its_own_halved_s
     assert cfg.head_dim == 64 and cfg.scale == 1 / (2 * 64 ** 0.5)  # not 1/(2 sqrt(32))
     model = GPT(cfg, verbose=False)
     assert model.transformer.h[0].attn.scale == 1 / 16
+    _, cfg = model_of(['config/small.py', 'config/nonlinear.py', '--n_head=2'])
+    assert cfg.scale == 1 / 16  # the follow-up's halved scale, at the final head size too
 
 
-def test_a_width_a_file_derives_follows_a_later_n_embd():
-    _, cfg = model_of(['config/baseline_small.py', '--n_embd=384'])
-    assert cfg.n_embd == 384 and cfg.mlp_hidden == 4 * 384  # the MLP its file meant
-    _, cfg = model_of(['config/small.py', 'config/reduced_mlp.py', '--n_embd=256'])
-    assert cfg.mlp_hidden == 4 * 256 + 128  # 4.5 x the width, as the file says
-    c, _ = model_of(['config/small.py', 'config/gpt2_init.py', '--n_embd=256'])
-    assert c['init_std'] == 0.02 * (768 / 256) ** 0.5
-    c, _ = model_of(['config/small.py', 'config/gpt2_init.py'])  # no later key: as before
-    assert c['init_std'] == 0.02 * (768 / 128) ** 0.5
+@pytest.mark.parametrize('n_embd', [256, 384])
+def test_a_width_a_file_derives_follows_a_later_n_embd(n_embd):
+    _, cfg = model_of(['config/baseline_small.py', f'--n_embd={n_embd}', '--n_head=4'])
+    assert cfg.n_embd == n_embd and cfg.mlp_hidden == 4 * n_embd  # the MLP of its own width
+    _, cfg = model_of(['config/small.py', 'config/reduced_mlp.py', f'--n_embd={n_embd}'])
+    assert cfg.mlp_hidden == 4 * n_embd + n_embd // 2  # 4.5 x the width, as the file says
+    _, cfg = model_of(['config/small.py', 'config/baseline_small_mlp.py', f'--n_embd={n_embd}'])
+    assert cfg.mlp_hidden == 4 * n_embd - n_embd // 2  # 3.5 x
+    _, cfg = model_of(['config/small.py', 'config/gpt2_init.py', f'--n_embd={n_embd}'])
+    assert cfg.init_std == 0.02 * (768 / n_embd) ** 0.5
+    _, cfg = model_of(['config/small.py', 'config/gpt2_init.py'])  # no later key: as before
+    assert cfg.init_std == 0.02 * (768 / 128) ** 0.5
+
+
+def test_each_argument_is_applied_once_in_order(tmp_path):
+    """nanoGPT's order: a config file runs once, with the settings the arguments before it
+    left, and a later argument wins over it."""
+    ran = tmp_path / 'ran.txt'
+    f = tmp_path / 'count.py'
+    f.write_text(f"open({str(ran)!r}, 'a').write(str(n_embd) + ' ')\nn_layer = 3\n")
+    import train
+    c = train.settings(['--n_embd=64', str(f), '--n_embd=96', '--n_layer=5'])
+    assert ran.read_text() == '64 ' and (c['n_embd'], c['n_layer']) == (96, 5)
+    base = ['--n_embd=256', '--n_head=4']
+    assert train.settings(base + ['config/baseline_small.py'])['n_embd'] == 248
+
+
+def test_config_files_state_choices_not_values_derived_from_other_keys():
+    """A config file sets choices, never a value the model derives from the final settings (the
+    MLP width, the scale, the init std, the query rank, the K/V heads), so none goes stale."""
+    import train
+    from bench import CONFIG_DIR
+    from kvgpt.config import run_config_file
+    for name in sorted(os.listdir(CONFIG_DIR)):
+        made = run_config_file(os.path.join(CONFIG_DIR, name), dict(train.DEFAULTS))
+        derived = {'mlp_hidden', 'attn_scale', 'init_std', 'query_rank', 'n_kv_head'} & set(made)
+        assert not derived, (name, derived)
 
 
 def test_a_file_stacked_on_another_is_refused_alone_in_one_line(command_line):
@@ -204,6 +233,13 @@ def test_a_file_stacked_on_another_is_refused_alone_in_one_line(command_line):
     c = train.settings(['config/small.py', 'config/repro.py', 'config/gpt2_init.py',
                         'config/repro_v3.py'])
     assert c['dataset'] == 'pysource' and c['n_head'] == 2
+
+
+def test_an_include_that_names_no_file_is_one_line(tmp_path, command_line):
+    import train
+    (tmp_path / 'bad.py').write_text("include = 5\n")
+    code, err = command_line(train, [str(tmp_path / 'bad.py')])
+    assert code == 2 and err.count('\n') == 1 and 'include and stacked_on name files' in err
 
 
 def test_a_file_that_includes_its_base_is_that_base_named_first():

@@ -279,12 +279,13 @@ def test_the_primary_comparison_is_reported_while_the_secondaries_wait(tmp_path)
 def test_the_v3_commands_train_each_arm_at_the_geometry_and_budget():
     s = load('v3')
     base = P.base_config(s)
-    assert base['init_std'] == pytest.approx(0.02 * 6 ** 0.5) and base['dataset'] == 'pysource'
+    assert P.derived_model(base)['init_std'] == 0.02 * 6 ** 0.5 and base['dataset'] == 'pysource'
     assert (base['n_embd'] // base['n_head'], base['eval_interval'], base['dtype'],
             base['probe']) == (64, 100, 'float32', 'lab.probes')
     run = P.Run('baseline_small_mlp', 4e-3, 0.1, 301, budget=2.0, dtype='bfloat16')
     args = P.train_args(s, run, base, 'w')
-    assert '--mlp_hidden=448' in args and '--max_iters=2400' in args
+    assert '--mlp_ratio=3.5' in args and '--max_iters=2400' in args
+    assert P.derived_model(train_settings(args))['mlp_hidden'] == 448
     assert '--warmup_iters=48' in args and '--lr_decay_iters=13720' in args
     assert '--dtype=bfloat16' in args and args[-1] == '--init_from=auto'
     reduced = P.train_args(s, P.Run('reduced', 2e-3, 2 ** -5, 301), base, 'w')
@@ -358,6 +359,25 @@ def test_v4_reuses_v3s_runs_only_where_the_commands_agree(tmp_path):
                                           "settings \\(batch_size\\)"):
         P.check_reused(s, p, dict(folders, **{run.name: str(copy)}), P.base_config(s),
                        'experiments')
+
+
+@pytest.mark.parametrize('study,run', [
+    ('v5', P.Run('identity_mlp_anneal_wd0.1', 4e-3, 0.1, 301)),
+    ('v6', P.Run('query16_anneal4x_wd0.1', 2.83e-3, 0.1, 301))])
+def test_a_committed_run_that_wrote_out_derived_values_matches_todays_choices(study, run):
+    """Committed runs hold the scale, MLP width, query rank and init std as numbers their config
+    files computed; today's commands state choices (attn_scale_factor, mlp_ratio, query_ratio,
+    init_width). Compared as derived they agree, and another choice does not."""
+    s = load(study)
+    folder = os.path.join(HERE, 'experiments', study, run.name)
+    saved = P.comparable(json.loads(open(os.path.join(folder, 'config.json')).read()))
+    args = P.train_args(s, run, P.base_config(s), 'w')
+    made = P.comparable(train_settings(args))
+    derived = ('attn_scale', 'mlp_hidden', 'query_rank', 'init_std')
+    assert [saved[k] for k in derived] == [made[k] for k in derived]
+    assert not set(P.DERIVED_FROM) & set(made)
+    other = P.comparable(train_settings(args + ['--attn_scale_factor=0.5']))
+    assert other['attn_scale'] != saved['attn_scale']
 
 
 def test_the_runner_plans_again_only_when_a_run_ends(monkeypatch, capsys):
@@ -613,16 +633,18 @@ def test_v2s_arms_come_from_their_config_files_at_its_geometry():
     run = P.Run('reduced_mlp', 4e-3, 0.1, 101, budget=0.25, init_std=0.049)
     assert run.name == 'reduced_mlp_lr0.004_wd0.1_s101_b0.25_std0.049'
     args = P.train_args(s, run, base, 'out-x/r')
-    assert sorted(args[2:4]) == ['--mlp_hidden=576', '--query=identity']
+    assert sorted(args[2:4]) == ['--mlp_ratio=4.5', '--query=identity']
     assert P.derived_model(train_settings(args))['attn_scale'] == 0.0625
     c = train_settings(args)
     pick = lambda *keys: tuple(c[k] for k in keys)
     assert pick('max_iters', 'warmup_iters', 'lr_decay_iters') == (300, 6, 1715)  # same shape
-    assert pick('mlp_hidden', 'learning_rate', 'min_lr', 'weight_decay') == (576, 4e-3, 4e-4, 0.1)
+    assert P.derived_model(c)['mlp_hidden'] == 576
+    assert pick('learning_rate', 'min_lr', 'weight_decay') == (4e-3, 4e-4, 0.1)
     assert pick('seed', 'data_seed', 'init_std', 'n_head') == (101, 101, 0.049, 2)
     nonlinear = P.train_args(s, P.Run('nonlinear', 4e-3, 0.1, 101), base, 'w')
-    assert sorted(nonlinear[2:5]) == ['--attn_scale=0.0625', '--query=nonlinear',
+    assert sorted(nonlinear[2:5]) == ['--attn_scale_factor=0.5', '--query=nonlinear',
                                       '--query_mix=1.0']
+    assert P.derived_model(train_settings(nonlinear))['attn_scale'] == 0.0625
 
 
 def train_settings(args):

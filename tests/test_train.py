@@ -900,7 +900,8 @@ def test_followup_configs_state_its_protocol():
         assert train.get_lr(60002, c) == pytest.approx(min_lr)
         assert 'beyond_query_linearity' in open(f'config/{name}.py').read()
     c = train.settings(['config/nonlinear.py'])
-    assert (c['query'], c['query_mix'], c['attn_scale']) == ('nonlinear', 1.0, 1 / 16)
+    cfg = GPTConfig(**train.model_args_from(c, {'vocab_size': 50257}))
+    assert (cfg.query, cfg.query_mix, cfg.scale) == ('nonlinear', 1.0, 1 / 16)
 
 
 def test_full_val_loss_is_every_val_token_once(data_root, tmp_path):

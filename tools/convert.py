@@ -32,21 +32,22 @@ from dataclasses import asdict
 import torch
 
 from kvgpt.checkpoint import model_from_checkpoint, save_checkpoint
-from kvgpt.config import Kind, parse_config
+from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.data import open_dataset
 from kvgpt.errors import UserError, run_main
 from lab.probes import param_breakdown
 from model import GPT, GPTConfig
 
-DEFAULTS = dict(
-    in_dir='out',  # the standard checkpoint to convert (in_dir/ckpt.pt)
-    out_dir=None,  # where the W_Q = I checkpoint goes; None: in_dir + '-qid'
-    approximate=False,  # allow the settings where the conversion cannot be exact
-    max_cond=1e6,  # refuse a W_Q whose condition number is larger
-    data_root='data',  # held-out tokens for the check: data_root/<checkpoint's dataset>/val.bin
-    check_tokens=4096,  # held-out tokens on which both models' logits are compared
-    seed=1337,  # which held-out windows the check reads
+KEYS = keys(
+    in_dir=('out', "the standard checkpoint to convert (in_dir/ckpt.pt)"),
+    out_dir=(None, "where the W_Q = I checkpoint goes; None: in_dir + '-qid'", Kind(str)),
+    approximate=(False, "allow the settings where the conversion cannot be exact"),
+    max_cond=(1e6, "refuse a W_Q whose condition number is larger"),
+    data_root=('data', "held-out tokens for the check: data_root/<checkpoint's dataset>/val.bin"),
+    check_tokens=(4096, "held-out tokens on which both models' logits are compared"),
+    seed=(1337, "which held-out windows the check reads"),
 )
+DEFAULTS = defaults(KEYS)
 
 
 def exactness(cfg):
@@ -223,11 +224,10 @@ def print_conversion(r, cfg, out_dir):
     print(f"wrote {out_dir}/ckpt.pt")
 
 
-TYPES = dict(out_dir=Kind(str))  # what --help shows for a key whose default is None
 
 
 def main(argv=None):
-    return convert(parse_config(DEFAULTS, argv, show=True, types=TYPES))
+    return convert(parse_config(KEYS, argv, show=True, usage=__doc__))
 
 
 if __name__ == '__main__':

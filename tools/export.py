@@ -19,15 +19,16 @@ import shutil
 import torch
 
 from kvgpt.checkpoint import model_from_checkpoint
-from kvgpt.config import Kind, parse_config
+from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.errors import UserError, run_main
 
-DEFAULTS = dict(
-    in_dir='out',  # the run to export (in_dir/ckpt.pt)
-    out_dir=None,  # the Hugging Face folder; None: in_dir + '-hf'
-    check_tokens=256,  # random tokens on which the export's logits are compared with kvgpt's
-    seed=1337,  # the random tokens of the check
+KEYS = keys(
+    in_dir=('out', "the run to export (in_dir/ckpt.pt)"),
+    out_dir=(None, "the Hugging Face folder; None: in_dir + '-hf'", Kind(str)),
+    check_tokens=(256, "random tokens on which the export's logits are compared with kvgpt's"),
+    seed=(1337, "the random tokens of the check"),
 )
+DEFAULTS = defaults(KEYS)
 HF_ACTIVATION = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}
 # tiktoken's cache key
 GPT2_BPE = 'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/'
@@ -168,11 +169,10 @@ def export(c):
     return dict(out_dir=out_dir, max_logit_diff=diff)
 
 
-TYPES = dict(out_dir=Kind(str))  # what --help shows for a key whose default is None
 
 
 def main(argv=None):
-    return export(parse_config(DEFAULTS, argv, show=True, types=TYPES))
+    return export(parse_config(KEYS, argv, show=True, usage=__doc__))
 
 
 if __name__ == '__main__':

@@ -12,7 +12,6 @@ name = 'v4'
 docs = 'docs/experiments.md'
 base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
 reuse = ('v3',)  # v3's baseline and reduced runs: the same commands, so the same names
-HD = 128 // 2  # head size at this geometry (n_embd 128, 2 heads): 1/sqrt(HD) = 1/8
 ANNEAL = dict(warmup_iters=24, lr_decay_iters=1200)  # 2% warmup, the cosine ends at the last step
 ANNEAL_4X = dict(max_iters=4800, warmup_iters=96, lr_decay_iters=4800)  # 9.8M tokens
 arms = {
@@ -21,11 +20,11 @@ arms = {
     'reduced': dict(weight_decay=2 ** -5, lr=2e-3),  # W_Q = I, scale 1/16
     # one change each; the starting grid centred on the LR of the recipe it changes
     'reduced_full_scale': dict(variant='reduced', weight_decay=2 ** -5,
-                               settings=dict(attn_scale=HD ** -0.5),
+                               settings=dict(attn_scale_factor=1.0),  # 1/8
                                grid=(1.41e-3, 2e-3, 2.83e-3)),
     'reduced_wd0.1': dict(variant='reduced', weight_decay=0.1, grid=(1.41e-3, 2e-3, 2.83e-3)),
     'baseline_half_scale': dict(variant='baseline', weight_decay=0.1,
-                                settings=dict(attn_scale=0.5 * HD ** -0.5),
+                                settings=dict(attn_scale_factor=0.5),  # 1/16
                                 grid=(1e-3, 1.41e-3, 2e-3)),
     # the annealed schedule, tuned at each budget; 4x on two seeds, around its 1x selection
     'baseline_anneal': dict(variant='baseline', weight_decay=0.1, settings=ANNEAL,

@@ -14,8 +14,7 @@ name = 'v5'
 docs = 'docs/experiments.md'
 base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
 reuse = ('v4',)  # v4's baseline_anneal and baseline_anneal4x runs: the same commands and names
-HD = 128 // 2  # head size at this geometry (n_embd 128, 2 heads)
-FULL = dict(attn_scale=HD ** -0.5)  # the standard 1/sqrt(d_head) = 1/8, not the paper's 1/16
+FULL = dict(attn_scale_factor=1.0)  # the standard 1/sqrt(d_head) = 1/8, not the paper's 1/16
 ANNEAL = dict(warmup_iters=24, lr_decay_iters=1200)  # 2% warmup, the cosine ends at the last step
 ANNEAL_4X = dict(max_iters=4800, warmup_iters=96, lr_decay_iters=4800)  # 9.8M tokens
 LOW = 2 ** -5  # the paper's weight decay

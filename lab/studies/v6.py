@@ -12,16 +12,15 @@ name = 'v6'
 docs = 'docs/experiments.md'
 base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
 reuse = ('v5', 'v4')  # the 1x and 4x references: the same commands and names
-HD = 128 // 2  # head size at this geometry (n_embd 128, 2 heads)
-FULL = dict(attn_scale=HD ** -0.5)  # the standard 1/sqrt(d_head) = 1/8, as v5
+FULL = dict(attn_scale_factor=1.0)  # the standard 1/sqrt(d_head) = 1/8, as v5
 ANNEAL = dict(warmup_iters=24, lr_decay_iters=1200)  # v4's and v5's 1x: 2.46M tokens
 ANNEAL_4X = dict(max_iters=4800, warmup_iters=96, lr_decay_iters=4800)  # 9.83M tokens
 ANNEAL_16X = dict(max_iters=19200, warmup_iters=384, lr_decay_iters=19200)  # 39.3M tokens
 LOW = 2 ** -5
 # the follow-up's nonlinear query on top of x: q = x + f(x), f(x) = LN(GELU(RMSNorm(x) W1) W2);
 # at f = 0 it is the W_Q = I arm's query, at the same scale 1/8
-CHEAP = dict(ANNEAL_4X, **FULL, query_rank=128 // 8, query_mix=1.0)  # 4,352 a layer
-FULL_QUERY = dict(ANNEAL_4X, **FULL, query_rank=128 // 2, query_mix=1.0)  # 16,640: W_Q's budget
+CHEAP = dict(ANNEAL_4X, **FULL, query_ratio=1 / 8, query_mix=1.0)  # 4,352 a layer
+FULL_QUERY = dict(ANNEAL_4X, **FULL, query_ratio=1 / 2, query_mix=1.0)  # 16,640: W_Q's budget
 # the 16x check: each arm at its 4x selection, kept unless one sqrt(2) step below beats it on
 # seed 201 by more than 0.5% (what one seed can resolve)
 CHECK = dict(seeds=(201,), extend=0, margin=0.5)

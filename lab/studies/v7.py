@@ -12,8 +12,7 @@ name = 'v7'
 docs = 'docs/experiments.md'
 base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
 reuse = ('v6', 'v5', 'v4')  # the cosine references of the check, by name
-HD = 128 // 2  # head size at this geometry (n_embd 128, 2 heads)
-FULL = dict(attn_scale=HD ** -0.5)  # the standard 1/sqrt(d_head) = 1/8, as v5 and v6
+FULL = dict(attn_scale_factor=1.0)  # the standard 1/sqrt(d_head) = 1/8, as v5 and v6
 # the cooldown is the last 20% of each budget; the warmup, 192 steps (2% of 8x), is every
 # budget's, so that each branch is the run its settings would make from scratch
 WSD = dict(lr_schedule='wsd', cooldown_frac=0.2, cooldown_shape='linear', warmup_iters=192,
