@@ -24,6 +24,9 @@ from kvgpt.files import read_json, write_json
 SPLITS = ('train', 'val')
 
 
+BIN_NAMES = tuple(f'{split}.bin' for split in SPLITS)
+
+
 META_TYPES = dict(tokenizer=str, vocab_size=int, dtype=str, train_tokens=int, val_tokens=int)
 
 
@@ -267,31 +270,47 @@ def check_same_data(saved, meta, checkpoint, data_dir):
 # writing: the bins, then meta.json
 
 def write_dataset(out_dir, meta, write):
-    """write(paths) fills both bins under temporary names (and meta's counts); then they replace
-    the old ones and meta.json comes last: a failure while writing leaves the old data as it was,
-    and one during the swap leaves no meta.json, which open_dataset reports as unfinished."""
+    """write(paths) fills both bins under temporary names (and meta's counts); meta.json is then
+    written under a temporary name too, so that everything that takes disk space is written
+    before the old dataset is touched. The swap is renames only, which take none: a failure
+    before it leaves the old dataset as it was, and one during it leaves no bins."""
     os.makedirs(out_dir, exist_ok=True)
-    meta_path = os.path.join(out_dir, 'meta.json')
-    paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}
-    temporary = {s: path + '.tmp' for s, path in paths.items()}
-    target = out_dir  # its bins, while they are written
+    final = {name: os.path.join(out_dir, name) for name in (*BIN_NAMES, 'meta.json')}
+    staged = {name: path + '.tmp' for name, path in final.items()}
+    target = out_dir  # what a failure names when the OSError does not: the bins, while written
     try:
-        write(temporary)
-        target = meta_path
-        if os.path.exists(meta_path):
-            os.remove(meta_path)  # from here until the new meta.json, nothing vouches for the bins
-        for s in SPLITS:
-            os.replace(temporary[s], paths[s])
-        write_json(meta_path, meta)
+        write({s: staged[f'{s}.bin'] for s in SPLITS})
+        target = final['meta.json']
+        write_json(staged['meta.json'], meta)
+        target = out_dir
+        swap_in(staged, final)
     except OSError as e:  # a full disk reports no file name: say which one
-        raise UserError(fs_error(e, e.filename if e.filename else target)) from None
+        state = ("the dataset there before is as it was" if os.path.exists(final['meta.json'])
+                 else f"{out_dir} holds no dataset")
+        raise UserError(f"{fs_error(e, e.filename or target)}; {state}") from None
     finally:
-        for path in temporary.values():
+        for path in staged.values():
             if os.path.exists(path):
                 os.remove(path)
     print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
           f"({meta['tokenizer']}, {meta['dtype']})")
     return meta
+
+
+def swap_in(staged, final):
+    """The staged files replace the dataset by renames: the old meta.json goes first, so nothing
+    vouches for half-swapped bins, and the new one comes last. A rename that fails removes the
+    bins: open_dataset would take bins without meta.json for an unfinished run."""
+    if os.path.exists(final['meta.json']):
+        os.remove(final['meta.json'])
+    try:
+        for name in (*BIN_NAMES, 'meta.json'):
+            os.replace(staged[name], final[name])
+    except OSError:
+        for name in BIN_NAMES:
+            if os.path.exists(final[name]):
+                os.remove(final[name])
+        raise
 
 
 # -----------------------------------------------------------------------------
