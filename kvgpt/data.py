@@ -70,6 +70,29 @@ def bins_match_meta(data_dir, meta):
 # -----------------------------------------------------------------------------
 # reading: the windows of a step
 
+def identity(file):
+    """What tells a file (a path, or an open file) from its replacement or a change in place;
+    None for a path where there is no file."""
+    try:
+        info = os.fstat(file.fileno()) if hasattr(file, 'fileno') else os.stat(file)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def what_changed(name, was, now):
+    """How the file called name changed from the identity was to now, in words, or None."""
+    if now is None:
+        return f"{name} was removed"
+    if now[:2] != was[:2]:
+        return f"{name} was replaced by another file"
+    if now[2] != was[2]:
+        return f"{name} now has {now[2]:,} bytes, not {was[2]:,}"
+    if now != was:
+        return f"{name} was written to"
+    return None
+
+
 def key_generator(key):
     """A torch generator seeded by key (a tuple of ints) alone: the same draws on every machine,
     restart and world size."""
@@ -86,6 +109,12 @@ class Dataset:
         # llm.c shards of open_shards, read as one sequence
         self.parts = parts or {split: [(os.path.join(data_dir, f'{split}.bin'), 0,
                                         meta[f'{split}_tokens'])] for split in SPLITS}
+        # every file the run reads (and the meta.json beside bins) as it was when opened: one
+        # that changes under the run (truncated, or replaced by another prepare.py) stops it
+        # before anything is read from it
+        files = [path for split in SPLITS for path, _, _ in self.parts[split]]
+        self.meta_path = None if parts else os.path.join(data_dir, 'meta.json')
+        self.opened = {path: identity(path) for path in files + [self.meta_path] if path}
 
     def tokens(self, split):
         return self.meta[f'{split}_tokens']
@@ -109,10 +138,33 @@ class Dataset:
         return batches
 
     def memmaps(self, split):
-        """The split's files as read-only arrays, fresh each call: nanoGPT's fix for the memory
-        growth of a long-lived memmap."""
-        return [np.memmap(path, dtype=self.meta['dtype'], mode='r', offset=byte_offset,
-                          shape=(count,)) for path, byte_offset, count in self.parts[split]]
+        """The split's files as read-only arrays, fresh each call (nanoGPT's fix for the memory
+        growth of a long-lived memmap), each checked to be the file the run opened, on the open
+        file itself: a rename between the check and the read cannot slip in another."""
+        arrays = []
+        for path, byte_offset, count in self.parts[split]:
+            try:
+                f = open(path, 'rb')
+            except FileNotFoundError:
+                self.check_unchanged(path, None)
+                raise
+            with f:
+                self.check_unchanged(path, identity(f))
+                arrays.append(np.memmap(f, dtype=self.meta['dtype'], mode='r',
+                                        offset=byte_offset, shape=(count,)))
+        if self.meta_path:
+            self.check_unchanged(self.meta_path, identity(self.meta_path))
+        return arrays
+
+    def check_unchanged(self, path, now):
+        """now: the file's identity (None: it is gone). A run that went on would mix two datasets,
+        or die of a memmap's ValueError (a truncated file): it stops in one line instead."""
+        change = what_changed(os.path.basename(path), self.opened[path], now)
+        if change:
+            raise UserError(f"{self.dir} changed under this run ({change}): stopped, with nothing "
+                            "saved from the new data; put back the data it was trained on and "
+                            "resume (--init_from=resume), or train on the new data in a new "
+                            "out_dir")
 
     def read(self, split, start, stop, arrays=None):
         """Tokens [start, stop) of the split, across its files (arrays: its memmaps, opened once

@@ -1,6 +1,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -636,6 +637,44 @@ def test_resume_on_other_data_is_refused(data_root, tmp_path):
                                         rf"{tmp_path / 'data'}/tiny "
                                         rf"\(train_tokens {n} != {n // 2}\)"):
         run(str(tmp_path / 'data'), tmp_path / 'run', init_from='auto', max_iters=4)
+
+
+def change_data(data_dir, source, how):
+    """Truncate train.bin in place, or prepare another corpus (the same one twice over, so every
+    window the run draws is still there to read) into the same folder, as a user might while a
+    run reads it."""
+    import prepare
+    if how == 'truncated':
+        return os.truncate(data_dir / 'train.bin', os.path.getsize(data_dir / 'train.bin') // 2)
+    more = data_dir.parent / 'more.jsonl'
+    more.write_text(open(source).read() * 2)
+    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(more), tokenizer='byte', num_proc=1,
+                         data_root=str(data_dir.parent), out_name=data_dir.name, force=True,
+                         progress=False))
+
+
+@pytest.mark.parametrize('how,change', [
+    ('truncated', r'train.bin now has [\d,]+ bytes, not [\d,]+'),
+    ('re-prepared', 'train.bin was replaced by another file')], ids=['truncated', 're-prepared'])
+def test_a_run_whose_data_changes_under_it_stops_in_one_line(data_root, tmp_path, monkeypatch,
+                                                            command_line, how, change):
+    data = tmp_path / 'data' / 'tiny'
+    shutil.copytree(os.path.join(data_root, 'tiny'), data)
+    real_starts = train.step_starts
+
+    def step_starts(run_data, c, step):  # the data changes before step 6's batches are read
+        if step == 6:
+            change_data(data, os.path.join(data_root, 'docs.jsonl'), how)
+        return real_starts(run_data, c, step)
+    monkeypatch.setattr(train, 'step_starts', step_starts)
+    out = tmp_path / 'run'
+    code, err = command_line(train, argv(str(tmp_path / 'data'), out, max_iters=8,
+                                         eval_interval=4))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert re.match(rf"error: {data} changed under this run \({change}\): stopped", err)
+    # nothing from the changed data: the checkpoint is step 4's, and no step past 6 is logged
+    assert load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] == 4
+    assert max(e['iter'] for e in read_log(out)) == 6
 
 
 def test_a_truncated_checkpoint_is_one_line_and_not_replaced_by_scratch(data_root, tmp_path):
