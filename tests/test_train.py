@@ -690,6 +690,39 @@ def test_a_truncated_checkpoint_is_one_line_and_not_replaced_by_scratch(data_roo
     assert (tmp_path / 'ckpt.pt').read_bytes() == good[:len(good) // 2]
 
 
+DAMAGES = [  # (key, value, None: removed, what the one line says)
+    ('iter_num', None, "has no 'iter_num'"),
+    ('best_val_loss', None, "has no 'best_val_loss'"),
+    ('iter_num', '2', r"is damaged: its 'iter_num' is a str \('2'\), not an int"),
+    ('best_val_loss', 'low', "its 'best_val_loss' is a str .*, not a number"),
+    ('optimizer', [], "its 'optimizer' is a list .*, not a dict"),
+    ('rng', 'seed', "its 'rng' is a str .*, not a list of RNG states"),
+    ('tokens_seen', 1.5, "its 'tokens_seen' is a float .*, not an int or None"),
+    ('meta', 'byte', "its 'meta' is a str .*, not a dict or None"),
+]
+
+
+def test_a_damaged_checkpoint_key_is_one_line_naming_it(data_root, tmp_path, command_line):
+    """Every key a resume reads, checked on load; sample.py needs fewer and still loads."""
+    import sample
+    run(data_root, tmp_path, max_iters=2, eval_interval=2)
+    path = tmp_path / 'ckpt.pt'
+    good = torch.load(path, weights_only=True)
+    for key, value, message in DAMAGES:
+        ckpt = dict(good)
+        if value is None:
+            del ckpt[key]
+        else:
+            ckpt[key] = value
+        torch.save(ckpt, path)
+        code, err = command_line(train, argv(data_root, tmp_path, init_from='resume',
+                                             max_iters=4))
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert re.match(rf"error: {path} (is damaged: .*)?{message}", err), err
+        if key != 'meta':  # the tokenizer sample.py decodes with
+            sample.load_model(dict(sample.DEFAULTS, out_dir=str(tmp_path)))
+
+
 def children(pid):
     """The pids whose parent is pid (the workers torchrun starts)."""
     found = []
