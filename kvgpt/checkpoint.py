@@ -6,6 +6,7 @@ accident), and the out_dir lock (one run per out_dir).
 
 import errno
 import os
+import re
 import shutil
 import socket
 
@@ -211,6 +212,7 @@ class OutDirLock:
         except OSError as e:
             self.lock.release()
             raise UserError(f"{fs_error(e, out_dir)} (the run's --out_dir)") from None
+        remove_leftovers(out_dir)  # under the lock: no run of this out_dir is writing them
 
     def release(self, started):
         self.lock.release()
@@ -220,6 +222,27 @@ class OutDirLock:
                     os.remove(path)
             if self.made_dir and not os.listdir(self.dir):
                 os.rmdir(self.dir)
+
+
+# the temporary files (files.atomic_write's <name>.tmp) of what a run writes to its out_dir: a
+# run killed while writing one leaves it, and ckpt.pt's is up to a whole checkpoint
+LEFTOVER = re.compile(r'(ckpt(_\d+)?\.pt|log\.jsonl|config\.json)\.tmp')
+
+
+def remove_leftovers(out_dir):
+    """Remove the temporary files an earlier run of out_dir left, saying so in one line."""
+    removed = []
+    for name in sorted(filter(LEFTOVER.fullmatch, os.listdir(out_dir))):
+        path = os.path.join(out_dir, name)
+        try:
+            size = os.path.getsize(path)
+            os.remove(path)
+        except OSError as e:
+            raise UserError(f"{fs_error(e, path, 'remove')} (left by a run that was killed)"
+                            ) from None
+        removed.append(f"{name} ({size / 2 ** 20:.1f} MiB)")
+    if removed:
+        print(f"removed what a killed run left half-written in {out_dir}: {', '.join(removed)}")
 
 
 def read_text(path):

@@ -492,6 +492,27 @@ def test_second_run_on_an_out_dir_fails_and_a_killed_run_resumes_at_once(data_ro
     assert 'val_loss' in log[-1]
 
 
+def test_a_run_removes_what_a_killed_run_left_half_written_under_its_lock(data_root, tmp_path,
+                                                                        capsys, command_line):
+    from kvgpt.checkpoint import OutDirLock
+    run(data_root, tmp_path, max_iters=2, eval_interval=2)
+    leftovers = {'ckpt.pt.tmp': 2 ** 20, 'ckpt_4.pt.tmp': 10, 'log.jsonl.tmp': 10}
+    theirs = ['notes.tmp', 'ckpt.pt.tmp.bak']  # not a run's: the user's
+    lock = OutDirLock(str(tmp_path))  # a live run, writing its temporaries
+    for name in [*leftovers, *theirs]:
+        (tmp_path / name).write_bytes(b'x' * leftovers.get(name, 1))
+    code, err = command_line(train, argv(data_root, tmp_path, init_from='resume', max_iters=4))
+    lock.release(started=True)
+    assert code == 2 and 'is in use by' in err  # refused, touching none of them
+    assert all((tmp_path / name).exists() for name in leftovers)
+    capsys.readouterr()
+    run(data_root, tmp_path, init_from='resume', max_iters=4)
+    said = [line for line in capsys.readouterr().out.splitlines() if 'half-written' in line]
+    assert said == [f"removed what a killed run left half-written in {tmp_path}: ckpt.pt.tmp "
+                    "(1.0 MiB), ckpt_4.pt.tmp (0.0 MiB), log.jsonl.tmp (0.0 MiB)"]
+    assert sorted(f for f in os.listdir(tmp_path) if 'tmp' in f) == sorted(theirs)
+
+
 class Clock:
     """time for train.py alone: one second per reading, so step times are the same on any
     machine."""
