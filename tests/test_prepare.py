@@ -100,17 +100,17 @@ def test_a_home_path_is_expanded(tmp_path, monkeypatch):
     """The shell leaves the ~ of --dataset=~/docs.jsonl alone: prepare.py expands it."""
     monkeypatch.setenv('HOME', str(tmp_path))
     write_jsonl(tmp_path / 'docs.jsonl', DOCS)
-    meta = run(tmp_path, dataset='~/docs.jsonl')
+    meta = run(tmp_path, dataset='~/docs.jsonl', tokenizer='byte')  # offline: no BPE needed
     assert meta['train_tokens'] > 0 and (tmp_path / 'data' / 'docs' / 'meta.json').exists()
 
 
 def test_a_meta_json_that_is_not_an_object_is_one_line(tmp_path):
     src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
-    run(tmp_path, dataset=src)
+    run(tmp_path, dataset=src, tokenizer='byte')
     (tmp_path / 'data' / 'docs' / 'meta.json').write_text('[]')
     with pytest.raises(UserError, match="meta.json is damaged .* not an object"):
         open_dataset(str(tmp_path / 'data'), 'docs', 8)
-    run(tmp_path, dataset=src)  # not up to date: written again
+    run(tmp_path, dataset=src, tokenizer='byte')  # not up to date: written again
     assert json.load(open(tmp_path / 'data' / 'docs' / 'meta.json'))['train_tokens'] > 0
 
 
