@@ -9,6 +9,7 @@ import glob
 import os
 import subprocess
 import sys
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import torch
@@ -114,7 +115,7 @@ class Dataset:
         # before anything is read from it
         files = [path for split in SPLITS for path, _, _ in self.parts[split]]
         self.meta_path = None if parts else os.path.join(data_dir, 'meta.json')
-        self.opened = {path: identity(path) for path in files + [self.meta_path] if path}
+        self.identities = {path: identity(path) for path in files + [self.meta_path] if path}
 
     def tokens(self, split):
         return self.meta[f'{split}_tokens']
@@ -137,44 +138,55 @@ class Dataset:
             batches.append((np.array([len(starts) * block]), targets % block))
         return batches
 
-    def memmaps(self, split):
-        """The split's files as read-only arrays, fresh each call (nanoGPT's fix for the memory
-        growth of a long-lived memmap), each checked to be the file the run opened, on the open
-        file itself: a rename between the check and the read cannot slip in another."""
-        arrays = []
-        for path, byte_offset, count in self.parts[split]:
-            try:
-                f = open(path, 'rb')
-            except FileNotFoundError:
-                self.check_unchanged(path, None)
-                raise
-            with f:
+    @contextmanager
+    def opened(self, split):
+        """The split's files, open, as [(path, file, byte offset of its tokens, token count)]:
+        each checked to be the one the run opened, on the open file itself, so a rename between
+        the check and the read cannot slip in another."""
+        with ExitStack() as stack:
+            files = []
+            for path, byte_offset, count in self.parts[split]:
+                try:
+                    f = stack.enter_context(open(path, 'rb'))
+                except FileNotFoundError:
+                    self.check_unchanged(path, None)
+                    raise
                 self.check_unchanged(path, identity(f))
-                arrays.append(np.memmap(f, dtype=self.meta['dtype'], mode='r',
-                                        offset=byte_offset, shape=(count,)))
-        if self.meta_path:
-            self.check_unchanged(self.meta_path, identity(self.meta_path))
-        return arrays
+                files.append((path, f, byte_offset, count))
+            if self.meta_path:
+                self.check_unchanged(self.meta_path, identity(self.meta_path))
+            yield files
 
-    def check_unchanged(self, path, now):
-        """now: the file's identity (None: it is gone). A run that went on would mix two datasets,
-        or die of a memmap's ValueError (a truncated file): it stops in one line instead."""
-        change = what_changed(os.path.basename(path), self.opened[path], now)
+    def check_unchanged(self, path, now, read_short=False):
+        """now: the file's identity (None: it is gone); read_short: a read of it ended early. A
+        run that went on would mix two datasets, or die reading past the end of a truncated file:
+        it stops in one line instead."""
+        name = os.path.basename(path)
+        change = what_changed(name, self.identities[path], now) or (
+            read_short and f"{name} ended before the tokens it had when opened")
         if change:
             raise UserError(f"{self.dir} changed under this run ({change}): stopped, with nothing "
                             "saved from the new data; put back the data it was trained on and "
                             "resume (--init_from=resume), or train on the new data in a new "
                             "out_dir")
 
-    def read(self, split, start, stop, arrays=None):
-        """Tokens [start, stop) of the split, across its files (arrays: its memmaps, opened once
-        for a whole batch)."""
+    def read(self, split, start, stop, files=None):
+        """Tokens [start, stop) of the split, across its files (files: opened once for a whole
+        batch). Read, not mapped: a file truncated after the check is a short read, where a
+        memory map's pages past its new end would end the process (SIGBUS)."""
+        if files is None:
+            with self.opened(split) as files:
+                return self.read(split, start, stop, files)
         pieces, offset = [], 0
-        for tokens in arrays or self.memmaps(split):
-            lo, hi = max(start - offset, 0), min(stop - offset, len(tokens))
+        for path, f, byte_offset, count in files:
+            lo, hi = max(start - offset, 0), min(stop - offset, count)
             if lo < hi:
-                pieces.append(np.asarray(tokens[lo:hi]))
-            offset += len(tokens)
+                tokens = np.empty(hi - lo, dtype=self.meta['dtype'])
+                f.seek(byte_offset + lo * tokens.itemsize)
+                if f.readinto(tokens) != tokens.nbytes:  # cut short since the check
+                    self.check_unchanged(path, identity(f), read_short=True)
+                pieces.append(tokens)
+            offset += count
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def check_ids(self, split, tokens):
@@ -191,8 +203,8 @@ class Dataset:
         """Inputs and next-token targets (len(starts), length or block_size) as int64, on
         device; their ids checked against the vocabulary (on the host, before the copy: free)."""
         length = length or self.block_size
-        arrays = self.memmaps(split)
-        windows = np.stack([self.read(split, s, s + length + 1, arrays) for s in starts])
+        with self.opened(split) as files:
+            windows = np.stack([self.read(split, s, s + length + 1, files) for s in starts])
         self.check_ids(split, windows)
         xy = torch.from_numpy(windows.astype(np.int64))
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()

@@ -711,6 +711,18 @@ def test_a_truncated_checkpoint_is_one_line_and_not_replaced_by_scratch(data_roo
     assert (tmp_path / 'ckpt.pt').read_bytes() == good[:len(good) // 2]
 
 
+def test_a_file_truncated_between_the_check_and_the_read_is_the_same_one_line(data_root,
+                                                                            tmp_path):
+    shutil.copytree(os.path.join(data_root, 'tiny'), tmp_path / 'tiny')
+    data = open_dataset(str(tmp_path), 'tiny', 32)
+    n = data.tokens('train')
+    with data.opened('train') as files:  # checked: whole
+        os.truncate(tmp_path / 'tiny' / 'train.bin', n)  # half its bytes, as uint16
+        with pytest.raises(UserError, match=rf"^{tmp_path / 'tiny'} changed under this run "
+                                            rf"\(train.bin now has {n:,} bytes, not {2 * n:,}\)"):
+            data.read('train', n - 100, n, files)
+
+
 DAMAGES = [  # (key, value, None: removed, what the one line says)
     ('iter_num', None, "has no 'iter_num'"),
     ('best_val_loss', None, "has no 'best_val_loss'"),
