@@ -10,12 +10,13 @@ meta.json (tokenizer, vocab, dtype, counts, source), the format kvgpt/data.py re
     python prepare.py --dataset=some_user/some_hub_dataset --tokenizer=gpt2
 
 Every source goes through the same `datasets` pipeline: load -> split -> tokenize
-(num_proc workers) -> write shard by shard into a memmap under a temporary name ->
-rename -> meta.json last. With --streaming=True the documents are read once, in order:
+(num_proc workers) -> write shard by shard into a memmap under a temporary name -> meta.json
+under a temporary name -> renames. With --streaming=True the documents are read once, in order:
 the first val_documents go to val.bin, the rest to train.bin, tokenized in batches by a pool
 of num_proc workers and appended to the temporary files as they come. meta.json is the mark
-of a finished run: it is removed before any rewrite and written only when both bins are
-complete.
+of a finished run: everything is written before the old dataset is touched, and the swap is
+renames only (the old meta.json goes first, the new one last), so a full disk leaves the old
+dataset whole, and a failed rename leaves no bins.
 """
 import ast
 import functools

@@ -203,7 +203,7 @@ def build_model(c, meta, master):
             model = GPT(GPTConfig(**model_args_from(c, meta)), verbose=master)
     elif c['init_from'] == 'resume' or os.path.isfile(c['init_from']):
         path = checkpoint_path(c)
-        model, ckpt = model_from_checkpoint(path, verbose=master)
+        model, ckpt = model_from_checkpoint(path, verbose=master, resume=True)
         check_same_data(ckpt.get('meta'), meta, path, f"{c['data_root']}/{c['dataset']}")
         if c['init_from'] != 'resume' and master:
             check_branch(ckpt.get('config'), c, ckpt['iter_num'], path)

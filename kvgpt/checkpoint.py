@@ -6,6 +6,7 @@ accident), and the out_dir lock (one run per out_dir).
 
 import errno
 import os
+import re
 import shutil
 import socket
 
@@ -43,9 +44,69 @@ def write_failure(folder, free):
     return errno.ENOSPC if free < 2 ** 30 else errno.EIO
 
 
-def load_checkpoint(path, map_location='cpu', mmap=False):
+def is_dict(value):
+    return isinstance(value, dict)
+
+
+def is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value):  # nanoGPT saves best_val_loss as a one-element tensor
+    return is_int(value) or isinstance(value, float) or (
+        torch.is_tensor(value) and value.numel() == 1)
+
+
+def is_rng(value):  # distributed.rng_states: one {'torch': state, ...} per rank
+    return isinstance(value, list) and all(
+        isinstance(state, dict) and torch.is_tensor(state.get('torch')) for state in value)
+
+
+def is_str(value):
+    return isinstance(value, str)
+
+
+def optional(test):
+    return lambda value: value is None or test(value)
+
+
+# what a reader takes from a checkpoint: key: (required, what it must be, its test). Every reader
+# makes the model (and sample.py decodes with meta's tokenizer); a resume, or a branch off a
+# checkpoint, also takes where the run stood. Keys that are not required may be missing: nanoGPT's
+# and converted checkpoints lack some.
+MODEL_KEYS = dict(model=(True, 'a dict', is_dict), model_args=(True, 'a dict', is_dict),
+                  meta=(False, 'a dict or None', optional(is_dict)))
+RESUME_KEYS = dict(
+    MODEL_KEYS, iter_num=(True, 'an int', is_int), best_val_loss=(True, 'a number', is_number),
+    optimizer=(False, 'a dict', is_dict), scaler=(False, 'a dict or None', optional(is_dict)),
+    rng=(False, 'a list of RNG states', is_rng),
+    tokens_seen=(False, 'an int or None', optional(is_int)),
+    config=(False, 'a dict or None', optional(is_dict)),
+    wandb_run_id=(False, 'a string or None', optional(is_str)))
+
+
+def check_keys(ckpt, path, keys):
+    """Every key of keys a reader takes, there (if required) and of its type, else one line that
+    names the key and the file."""
+    advice = "use another checkpoint (such as a kept ckpt_<step>.pt), or train again"
+    if not isinstance(ckpt, dict):
+        raise UserError(f"{path} holds a {type(ckpt).__name__}, not a kvgpt/nanoGPT checkpoint: "
+                        f"{advice}")
+    for key, (required, what, test) in keys.items():
+        if key not in ckpt:
+            if required:
+                raise UserError(f"{path} has no '{key}': it is damaged or not a kvgpt/nanoGPT "
+                                f"checkpoint; {advice}")
+        elif not test(ckpt[key]):
+            value = ckpt[key]
+            raise UserError(f"{path} is damaged: its '{key}' is a {type(value).__name__} "
+                            f"({repr(value)[:40]}), not {what}; {advice}")
+
+
+def load_checkpoint(path, map_location='cpu', mmap=False, resume=False):
     """weights_only=True: a checkpoint from someone else cannot run code on load. mmap=True
-    reads tensors lazily (cheap when only model_args are wanted)."""
+    reads tensors lazily (cheap when only model_args are wanted). Its keys are checked for the
+    model, and with resume for everything a resume reads (RESUME_KEYS)."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}: train one first, or point --out_dir at a run "
                         "directory")
@@ -57,17 +118,16 @@ def load_checkpoint(path, map_location='cpu', mmap=False):
             first = "it holds objects other than tensors and plain values"
         raise UserError(f"cannot read checkpoint {path}: {first[:200]} (corrupt, truncated, "
                         "or not a checkpoint)") from None
-    if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
-        raise UserError(f"{path} is not a kvgpt/nanoGPT checkpoint (it needs 'model' and "
-                        "'model_args')")
+    check_keys(ckpt, path, RESUME_KEYS if resume else MODEL_KEYS)
     return ckpt
 
 
-def model_from_checkpoint(path, verbose=True):
+def model_from_checkpoint(path, verbose=True, resume=False):
     """(model, checkpoint) of a checkpoint file: reading it is this module's, making the model
-    model.py's (GPT.from_checkpoint); either failing is one line that names the file."""
+    model.py's (GPT.from_checkpoint); either failing is one line that names the file. resume:
+    every key a resume reads is checked too."""
     from model import GPT
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, resume=resume)
     with model_errors(path):
         return GPT.from_checkpoint(ckpt, verbose=verbose), ckpt
 
@@ -152,6 +212,7 @@ class OutDirLock:
         except OSError as e:
             self.lock.release()
             raise UserError(f"{fs_error(e, out_dir)} (the run's --out_dir)") from None
+        remove_leftovers(out_dir)  # under the lock: no run of this out_dir is writing them
 
     def release(self, started):
         self.lock.release()
@@ -161,6 +222,27 @@ class OutDirLock:
                     os.remove(path)
             if self.made_dir and not os.listdir(self.dir):
                 os.rmdir(self.dir)
+
+
+# the temporary files (files.atomic_write's <name>.tmp) of what a run writes to its out_dir: a
+# run killed while writing one leaves it, and ckpt.pt's is up to a whole checkpoint
+LEFTOVER = re.compile(r'(ckpt(_\d+)?\.pt|log\.jsonl|config\.json)\.tmp')
+
+
+def remove_leftovers(out_dir):
+    """Remove the temporary files an earlier run of out_dir left, saying so in one line."""
+    removed = []
+    for name in sorted(filter(LEFTOVER.fullmatch, os.listdir(out_dir))):
+        path = os.path.join(out_dir, name)
+        try:
+            size = os.path.getsize(path)
+            os.remove(path)
+        except OSError as e:
+            raise UserError(f"{fs_error(e, path, 'remove')} (left by a run that was killed)"
+                            ) from None
+        removed.append(f"{name} ({size / 2 ** 20:.1f} MiB)")
+    if removed:
+        print(f"removed what a killed run left half-written in {out_dir}: {', '.join(removed)}")
 
 
 def read_text(path):

@@ -9,6 +9,7 @@ import glob
 import os
 import subprocess
 import sys
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import torch
@@ -22,6 +23,9 @@ from kvgpt.files import read_json, write_json
 # the format
 
 SPLITS = ('train', 'val')
+
+
+BIN_NAMES = tuple(f'{split}.bin' for split in SPLITS)
 
 
 META_TYPES = dict(tokenizer=str, vocab_size=int, dtype=str, train_tokens=int, val_tokens=int)
@@ -67,6 +71,29 @@ def bins_match_meta(data_dir, meta):
 # -----------------------------------------------------------------------------
 # reading: the windows of a step
 
+def identity(file):
+    """What tells a file (a path, or an open file) from its replacement or a change in place;
+    None for a path where there is no file."""
+    try:
+        info = os.fstat(file.fileno()) if hasattr(file, 'fileno') else os.stat(file)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def what_changed(name, was, now):
+    """How the file called name changed from the identity was to now, in words, or None."""
+    if now is None:
+        return f"{name} was removed"
+    if now[:2] != was[:2]:
+        return f"{name} was replaced by another file"
+    if now[2] != was[2]:
+        return f"{name} now has {now[2]:,} bytes, not {was[2]:,}"
+    if now != was:
+        return f"{name} was written to"
+    return None
+
+
 def key_generator(key):
     """A torch generator seeded by key (a tuple of ints) alone: the same draws on every machine,
     restart and world size."""
@@ -83,6 +110,12 @@ class Dataset:
         # llm.c shards of open_shards, read as one sequence
         self.parts = parts or {split: [(os.path.join(data_dir, f'{split}.bin'), 0,
                                         meta[f'{split}_tokens'])] for split in SPLITS}
+        # every file the run reads (and the meta.json beside bins) as it was when opened: one
+        # that changes under the run (truncated, or replaced by another prepare.py) stops it
+        # before anything is read from it
+        files = [path for split in SPLITS for path, _, _ in self.parts[split]]
+        self.meta_path = None if parts else os.path.join(data_dir, 'meta.json')
+        self.identities = {path: identity(path) for path in files + [self.meta_path] if path}
 
     def tokens(self, split):
         return self.meta[f'{split}_tokens']
@@ -105,21 +138,55 @@ class Dataset:
             batches.append((np.array([len(starts) * block]), targets % block))
         return batches
 
-    def memmaps(self, split):
-        """The split's files as read-only arrays, fresh each call: nanoGPT's fix for the memory
-        growth of a long-lived memmap."""
-        return [np.memmap(path, dtype=self.meta['dtype'], mode='r', offset=byte_offset,
-                          shape=(count,)) for path, byte_offset, count in self.parts[split]]
+    @contextmanager
+    def opened(self, split):
+        """The split's files, open, as [(path, file, byte offset of its tokens, token count)]:
+        each checked to be the one the run opened, on the open file itself, so a rename between
+        the check and the read cannot slip in another."""
+        with ExitStack() as stack:
+            files = []
+            for path, byte_offset, count in self.parts[split]:
+                try:
+                    f = stack.enter_context(open(path, 'rb'))
+                except FileNotFoundError:
+                    self.check_unchanged(path, None)
+                    raise
+                self.check_unchanged(path, identity(f))
+                files.append((path, f, byte_offset, count))
+            if self.meta_path:
+                self.check_unchanged(self.meta_path, identity(self.meta_path))
+            yield files
 
-    def read(self, split, start, stop, arrays=None):
-        """Tokens [start, stop) of the split, across its files (arrays: its memmaps, opened once
-        for a whole batch)."""
+    def check_unchanged(self, path, now, read_short=False):
+        """now: the file's identity (None: it is gone); read_short: a read of it ended early. A
+        run that went on would mix two datasets, or die reading past the end of a truncated file:
+        it stops in one line instead."""
+        name = os.path.basename(path)
+        change = what_changed(name, self.identities[path], now) or (
+            read_short and f"{name} ended before the tokens it had when opened")
+        if change:
+            raise UserError(f"{self.dir} changed under this run ({change}): stopped, with nothing "
+                            "saved from the new data; put back the data it was trained on and "
+                            "resume (--init_from=resume), or train on the new data in a new "
+                            "out_dir")
+
+    def read(self, split, start, stop, files=None):
+        """Tokens [start, stop) of the split, across its files (files: opened once for a whole
+        batch). Read, not mapped: a file truncated after the check is a short read, where a
+        memory map's pages past its new end would end the process (SIGBUS)."""
+        if files is None:
+            with self.opened(split) as files:
+                return self.read(split, start, stop, files)
         pieces, offset = [], 0
-        for tokens in arrays or self.memmaps(split):
-            lo, hi = max(start - offset, 0), min(stop - offset, len(tokens))
+        for path, f, byte_offset, count in files:
+            lo, hi = max(start - offset, 0), min(stop - offset, count)
             if lo < hi:
-                pieces.append(np.asarray(tokens[lo:hi]))
-            offset += len(tokens)
+                tokens = np.empty(hi - lo, dtype=self.meta['dtype'])
+                f.seek(byte_offset + lo * tokens.itemsize)
+                if f.readinto(tokens) != tokens.nbytes:  # cut short since the check
+                    self.check_unchanged(path, identity(f), read_short=True)
+                pieces.append(tokens)
+            offset += count
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def check_ids(self, split, tokens):
@@ -136,8 +203,8 @@ class Dataset:
         """Inputs and next-token targets (len(starts), length or block_size) as int64, on
         device; their ids checked against the vocabulary (on the host, before the copy: free)."""
         length = length or self.block_size
-        arrays = self.memmaps(split)
-        windows = np.stack([self.read(split, s, s + length + 1, arrays) for s in starts])
+        with self.opened(split) as files:
+            windows = np.stack([self.read(split, s, s + length + 1, files) for s in starts])
         self.check_ids(split, windows)
         xy = torch.from_numpy(windows.astype(np.int64))
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
@@ -267,31 +334,47 @@ def check_same_data(saved, meta, checkpoint, data_dir):
 # writing: the bins, then meta.json
 
 def write_dataset(out_dir, meta, write):
-    """write(paths) fills both bins under temporary names (and meta's counts); then they replace
-    the old ones and meta.json comes last: a failure while writing leaves the old data as it was,
-    and one during the swap leaves no meta.json, which open_dataset reports as unfinished."""
+    """write(paths) fills both bins under temporary names (and meta's counts); meta.json is then
+    written under a temporary name too, so that everything that takes disk space is written
+    before the old dataset is touched. The swap is renames only, which take none: a failure
+    before it leaves the old dataset as it was, and one during it leaves no bins."""
     os.makedirs(out_dir, exist_ok=True)
-    meta_path = os.path.join(out_dir, 'meta.json')
-    paths = {s: os.path.join(out_dir, f'{s}.bin') for s in SPLITS}
-    temporary = {s: path + '.tmp' for s, path in paths.items()}
-    target = out_dir  # its bins, while they are written
+    final = {name: os.path.join(out_dir, name) for name in (*BIN_NAMES, 'meta.json')}
+    staged = {name: path + '.tmp' for name, path in final.items()}
+    target = out_dir  # what a failure names when the OSError does not: the bins, while written
     try:
-        write(temporary)
-        target = meta_path
-        if os.path.exists(meta_path):
-            os.remove(meta_path)  # from here until the new meta.json, nothing vouches for the bins
-        for s in SPLITS:
-            os.replace(temporary[s], paths[s])
-        write_json(meta_path, meta)
+        write({s: staged[f'{s}.bin'] for s in SPLITS})
+        target = final['meta.json']
+        write_json(staged['meta.json'], meta)
+        target = out_dir
+        swap_in(staged, final)
     except OSError as e:  # a full disk reports no file name: say which one
-        raise UserError(fs_error(e, e.filename if e.filename else target)) from None
+        state = ("the dataset there before is as it was" if os.path.exists(final['meta.json'])
+                 else f"{out_dir} holds no dataset")
+        raise UserError(f"{fs_error(e, e.filename or target)}; {state}") from None
     finally:
-        for path in temporary.values():
+        for path in staged.values():
             if os.path.exists(path):
                 os.remove(path)
     print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
           f"({meta['tokenizer']}, {meta['dtype']})")
     return meta
+
+
+def swap_in(staged, final):
+    """The staged files replace the dataset by renames: the old meta.json goes first, so nothing
+    vouches for half-swapped bins, and the new one comes last. A rename that fails removes the
+    bins: open_dataset would take bins without meta.json for an unfinished run."""
+    if os.path.exists(final['meta.json']):
+        os.remove(final['meta.json'])
+    try:
+        for name in (*BIN_NAMES, 'meta.json'):
+            os.replace(staged[name], final[name])
+    except OSError:
+        for name in BIN_NAMES:
+            if os.path.exists(final[name]):
+                os.remove(final[name])
+        raise
 
 
 # -----------------------------------------------------------------------------

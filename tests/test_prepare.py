@@ -1,5 +1,8 @@
+import errno
 import json
+import mmap
 import os
+import shutil
 import subprocess
 import sys
 
@@ -97,17 +100,17 @@ def test_a_home_path_is_expanded(tmp_path, monkeypatch):
     """The shell leaves the ~ of --dataset=~/docs.jsonl alone: prepare.py expands it."""
     monkeypatch.setenv('HOME', str(tmp_path))
     write_jsonl(tmp_path / 'docs.jsonl', DOCS)
-    meta = run(tmp_path, dataset='~/docs.jsonl')
+    meta = run(tmp_path, dataset='~/docs.jsonl', tokenizer='byte')  # offline: no BPE needed
     assert meta['train_tokens'] > 0 and (tmp_path / 'data' / 'docs' / 'meta.json').exists()
 
 
 def test_a_meta_json_that_is_not_an_object_is_one_line(tmp_path):
     src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
-    run(tmp_path, dataset=src)
+    run(tmp_path, dataset=src, tokenizer='byte')
     (tmp_path / 'data' / 'docs' / 'meta.json').write_text('[]')
     with pytest.raises(UserError, match="meta.json is damaged .* not an object"):
         open_dataset(str(tmp_path / 'data'), 'docs', 8)
-    run(tmp_path, dataset=src)  # not up to date: written again
+    run(tmp_path, dataset=src, tokenizer='byte')  # not up to date: written again
     assert json.load(open(tmp_path / 'data' / 'docs' / 'meta.json'))['train_tokens'] > 0
 
 
@@ -144,6 +147,126 @@ def test_failed_run_leaves_nothing_finished_looking(tmp_path, monkeypatch):
     with pytest.raises(UserError, match='cannot write'):
         run(tmp_path, dataset=src, force=True, seed=5)
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+
+
+def no_space(*args):
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), *args)
+
+
+def full_disk_at(monkeypatch, point):
+    """ENOSPC (or for a rename, EIO: renames take no space) where the disk would raise it: the
+    allocation of a bin, meta.json's write, or one rename of the swap."""
+    if point in ('train.bin', 'val.bin'):
+        allocations, real = [], os.posix_fallocate
+
+        def allocate(fd, offset, length):  # train.bin is allocated first
+            allocations.append(fd)
+            if len(allocations) == (1 if point == 'train.bin' else 2):
+                raise no_space()
+            return real(fd, offset, length)
+        monkeypatch.setattr(os, 'posix_fallocate', allocate)
+    elif point == 'meta.json':
+        def write_json(path, obj):
+            raise no_space()
+        monkeypatch.setattr('kvgpt.data.write_json', write_json)
+    else:
+        name, real_replace = point.split()[1] + '.tmp', os.replace
+
+        def replace(src, dst):
+            if os.path.basename(src) == name:
+                raise OSError(errno.EIO, os.strerror(errno.EIO), src)
+            return real_replace(src, dst)
+        monkeypatch.setattr(os, 'replace', replace)
+
+
+@pytest.mark.skipif(not hasattr(os, 'posix_fallocate'), reason="no posix_fallocate here")
+@pytest.mark.parametrize('point', ['train.bin', 'val.bin', 'meta.json', 'rename train.bin',
+                                   'rename val.bin', 'rename meta.json'])
+def test_a_failed_rewrite_leaves_the_old_dataset_whole_or_no_bins(tmp_path, monkeypatch, point):
+    """A full disk, simulated at each point where a rewrite takes space (and a failed rename at
+    each of the swap's), on every machine; test_a_full_tmpfs_... has a real full disk."""
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    run(tmp_path, dataset=src, tokenizer='byte')
+    out = tmp_path / 'data' / 'docs'
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    full_disk_at(monkeypatch, point)
+    kept = not point.startswith('rename')  # a rename fails after the old meta.json is gone
+    state = "the dataset there before is as it was" if kept else f"{out} holds no dataset"
+    with pytest.raises(UserError, match=f"^cannot write .*; {state}$"):
+        run(tmp_path, dataset=src, tokenizer='byte', seed=5, force=True)
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == (before if kept else {})
+
+
+PAGE = mmap.PAGESIZE  # a tmpfs allocates whole pages
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(pages): a new tmpfs of that many pages under tmp_path, unmounted after the test;
+    the test is skipped, with the reason, where this process may not mount one."""
+    mounted = []
+
+    def mount(pages):
+        if not hasattr(os, 'geteuid') or os.geteuid() != 0 or not shutil.which('mount'):
+            pytest.skip("mounting a tmpfs needs root and mount(8); "
+                        "test_a_failed_rewrite_leaves_... simulates the same points")
+        folder = tmp_path / f'disk{len(mounted)}'
+        folder.mkdir()
+        r = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={pages * PAGE}', 'tmpfs',
+                            str(folder)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); "
+                        "test_a_failed_rewrite_leaves_... simulates the same points")
+        mounted.append(folder)
+        return folder
+    yield mount
+    for folder in mounted:
+        subprocess.run(['umount', str(folder)], check=True)
+
+
+@pytest.fixture(scope='module')
+def old_and_new(tmp_path_factory):
+    """(source, old dataset folder, new dataset folder): the same documents split two ways,
+    byte-level, the new one's bins many pages each."""
+    root = tmp_path_factory.mktemp('datasets')
+    src = write_jsonl(root / 'docs.jsonl', DOCS * 10)
+    kw = dict(prepare.DEFAULTS, dataset=src, tokenizer='byte', val_size=0.2, num_proc=1)
+    for name, seed in (('old', 5), ('new', kw['seed'])):
+        prepare.prepare(dict(kw, data_root=str(root / name), seed=seed))
+    return src, root / 'old' / 'docs', root / 'new' / 'docs'
+
+
+def pages(folder, *names):
+    return sum(-(-os.path.getsize(folder / name) // PAGE) for name in names)
+
+
+def contents(folder):
+    return {f: (folder / f).read_bytes() for f in os.listdir(folder)}
+
+
+@pytest.mark.parametrize('old', [False, True], ids=['fresh', 'over an old dataset'])
+@pytest.mark.parametrize('point', ['train.bin', 'val.bin', 'meta.json', None],
+                         ids=['in train.bin', 'in val.bin', 'after both bins', 'room for all'])
+def test_a_full_tmpfs_leaves_the_old_dataset_whole_or_no_bins(tmpfs, old_and_new, point, old):
+    """A real full disk: a tmpfs with room for the old dataset and the new one's pages up to
+    the point (train.bin's are allocated first, then val.bin's, then meta.json's)."""
+    src, old_dir, new_dir = old_and_new
+    room = {'train.bin': pages(new_dir, 'train.bin') - 1,
+            'val.bin': pages(new_dir, 'train.bin', 'val.bin') - 1,
+            'meta.json': pages(new_dir, 'train.bin', 'val.bin'),
+            None: pages(new_dir, 'train.bin', 'val.bin', 'meta.json')}[point]
+    disk = tmpfs(room + (pages(old_dir, *os.listdir(old_dir)) if old else 0))
+    if old:
+        shutil.copytree(old_dir, disk / 'docs')
+    kw = dict(prepare.DEFAULTS, dataset=src, tokenizer='byte', val_size=0.2, num_proc=1,
+              data_root=str(disk), force=True)
+    if point is None:
+        prepare.prepare(kw)
+        assert contents(disk / 'docs') == contents(new_dir)
+        return
+    with pytest.raises(UserError, match="disk is full"):
+        prepare.prepare(kw)
+    assert contents(disk / 'docs') == (contents(old_dir) if old else {})
 
 
 def test_openwebtext_path_on_local_files_with_its_schema(tmp_path):

@@ -1,6 +1,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -491,6 +492,27 @@ def test_second_run_on_an_out_dir_fails_and_a_killed_run_resumes_at_once(data_ro
     assert 'val_loss' in log[-1]
 
 
+def test_a_run_removes_what_a_killed_run_left_half_written_under_its_lock(data_root, tmp_path,
+                                                                        capsys, command_line):
+    from kvgpt.checkpoint import OutDirLock
+    run(data_root, tmp_path, max_iters=2, eval_interval=2)
+    leftovers = {'ckpt.pt.tmp': 2 ** 20, 'ckpt_4.pt.tmp': 10, 'log.jsonl.tmp': 10}
+    theirs = ['notes.tmp', 'ckpt.pt.tmp.bak']  # not a run's: the user's
+    lock = OutDirLock(str(tmp_path))  # a live run, writing its temporaries
+    for name in [*leftovers, *theirs]:
+        (tmp_path / name).write_bytes(b'x' * leftovers.get(name, 1))
+    code, err = command_line(train, argv(data_root, tmp_path, init_from='resume', max_iters=4))
+    lock.release(started=True)
+    assert code == 2 and 'is in use by' in err  # refused, touching none of them
+    assert all((tmp_path / name).exists() for name in leftovers)
+    capsys.readouterr()
+    run(data_root, tmp_path, init_from='resume', max_iters=4)
+    said = [line for line in capsys.readouterr().out.splitlines() if 'half-written' in line]
+    assert said == [f"removed what a killed run left half-written in {tmp_path}: ckpt.pt.tmp "
+                    "(1.0 MiB), ckpt_4.pt.tmp (0.0 MiB), log.jsonl.tmp (0.0 MiB)"]
+    assert sorted(f for f in os.listdir(tmp_path) if 'tmp' in f) == sorted(theirs)
+
+
 class Clock:
     """time for train.py alone: one second per reading, so step times are the same on any
     machine."""
@@ -638,6 +660,44 @@ def test_resume_on_other_data_is_refused(data_root, tmp_path):
         run(str(tmp_path / 'data'), tmp_path / 'run', init_from='auto', max_iters=4)
 
 
+def change_data(data_dir, source, how):
+    """Truncate train.bin in place, or prepare another corpus (the same one twice over, so every
+    window the run draws is still there to read) into the same folder, as a user might while a
+    run reads it."""
+    import prepare
+    if how == 'truncated':
+        return os.truncate(data_dir / 'train.bin', os.path.getsize(data_dir / 'train.bin') // 2)
+    more = data_dir.parent / 'more.jsonl'
+    more.write_text(open(source).read() * 2)
+    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(more), tokenizer='byte', num_proc=1,
+                         data_root=str(data_dir.parent), out_name=data_dir.name, force=True,
+                         progress=False))
+
+
+@pytest.mark.parametrize('how,change', [
+    ('truncated', r'train.bin now has [\d,]+ bytes, not [\d,]+'),
+    ('re-prepared', 'train.bin was replaced by another file')], ids=['truncated', 're-prepared'])
+def test_a_run_whose_data_changes_under_it_stops_in_one_line(data_root, tmp_path, monkeypatch,
+                                                            command_line, how, change):
+    data = tmp_path / 'data' / 'tiny'
+    shutil.copytree(os.path.join(data_root, 'tiny'), data)
+    real_starts = train.step_starts
+
+    def step_starts(run_data, c, step):  # the data changes before step 6's batches are read
+        if step == 6:
+            change_data(data, os.path.join(data_root, 'docs.jsonl'), how)
+        return real_starts(run_data, c, step)
+    monkeypatch.setattr(train, 'step_starts', step_starts)
+    out = tmp_path / 'run'
+    code, err = command_line(train, argv(str(tmp_path / 'data'), out, max_iters=8,
+                                         eval_interval=4))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert re.match(rf"error: {data} changed under this run \({change}\): stopped", err)
+    # nothing from the changed data: the checkpoint is step 4's, and no step past 6 is logged
+    assert load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] == 4
+    assert max(e['iter'] for e in read_log(out)) == 6
+
+
 def test_a_truncated_checkpoint_is_one_line_and_not_replaced_by_scratch(data_root, tmp_path):
     run(data_root, tmp_path, max_iters=2, eval_interval=2)
     good = (tmp_path / 'ckpt.pt').read_bytes()
@@ -649,6 +709,51 @@ def test_a_truncated_checkpoint_is_one_line_and_not_replaced_by_scratch(data_roo
     with pytest.raises(UserError, match='already holds a checkpoint \\(unreadable\\)'):
         run(data_root, tmp_path, max_iters=4)
     assert (tmp_path / 'ckpt.pt').read_bytes() == good[:len(good) // 2]
+
+
+def test_a_file_truncated_between_the_check_and_the_read_is_the_same_one_line(data_root,
+                                                                            tmp_path):
+    shutil.copytree(os.path.join(data_root, 'tiny'), tmp_path / 'tiny')
+    data = open_dataset(str(tmp_path), 'tiny', 32)
+    n = data.tokens('train')
+    with data.opened('train') as files:  # checked: whole
+        os.truncate(tmp_path / 'tiny' / 'train.bin', n)  # half its bytes, as uint16
+        with pytest.raises(UserError, match=rf"^{tmp_path / 'tiny'} changed under this run "
+                                            rf"\(train.bin now has {n:,} bytes, not {2 * n:,}\)"):
+            data.read('train', n - 100, n, files)
+
+
+DAMAGES = [  # (key, value, None: removed, what the one line says)
+    ('iter_num', None, "has no 'iter_num'"),
+    ('best_val_loss', None, "has no 'best_val_loss'"),
+    ('iter_num', '2', r"is damaged: its 'iter_num' is a str \('2'\), not an int"),
+    ('best_val_loss', 'low', "its 'best_val_loss' is a str .*, not a number"),
+    ('optimizer', [], "its 'optimizer' is a list .*, not a dict"),
+    ('rng', 'seed', "its 'rng' is a str .*, not a list of RNG states"),
+    ('tokens_seen', 1.5, "its 'tokens_seen' is a float .*, not an int or None"),
+    ('meta', 'byte', "its 'meta' is a str .*, not a dict or None"),
+]
+
+
+def test_a_damaged_checkpoint_key_is_one_line_naming_it(data_root, tmp_path, command_line):
+    """Every key a resume reads, checked on load; sample.py needs fewer and still loads."""
+    import sample
+    run(data_root, tmp_path, max_iters=2, eval_interval=2)
+    path = tmp_path / 'ckpt.pt'
+    good = torch.load(path, weights_only=True)
+    for key, value, message in DAMAGES:
+        ckpt = dict(good)
+        if value is None:
+            del ckpt[key]
+        else:
+            ckpt[key] = value
+        torch.save(ckpt, path)
+        code, err = command_line(train, argv(data_root, tmp_path, init_from='resume',
+                                             max_iters=4))
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert re.match(rf"error: {path} (is damaged: .*)?{message}", err), err
+        if key != 'meta':  # the tokenizer sample.py decodes with
+            sample.load_model(dict(sample.DEFAULTS, out_dir=str(tmp_path)))
 
 
 def children(pid):
