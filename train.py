@@ -430,7 +430,8 @@ def all_ranks_check_finite(run, nonfinite):
 @all_ranks
 def all_ranks_stop(run, nonfinite):
     all_ranks_check_finite(run, nonfinite)
-    all_ranks_save(run, 'signal')
+    if not run.settings['eval_only']:  # eval_only trains nothing, and never saves
+        all_ranks_save(run, 'signal')
     if run.process.master:
         print(f"stopped by a signal at iter {run.state.iter_num} ({run.signals.describe()}); "
               "continue with --init_from=resume (or auto)", flush=True)

@@ -234,6 +234,8 @@ def remove_leftovers(out_dir):
     removed = []
     for name in sorted(filter(LEFTOVER.fullmatch, os.listdir(out_dir))):
         path = os.path.join(out_dir, name)
+        if not os.path.isfile(path):  # a run writes files: anything else there is not its own
+            continue
         try:
             size = os.path.getsize(path)
             os.remove(path)

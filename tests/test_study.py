@@ -730,6 +730,7 @@ def test_a_branch_starts_off_its_source_checkpoint_waits_for_it_or_runs_from_scr
     assert P.init_from(c, s, P.Run('a', 1e-3, 0.1, 1), {}) == 'auto'
 
 
+@pytest.mark.slow
 @pytest.mark.long
 def test_a_wsd_study_runs_a_branch_off_its_stable_runs_kept_checkpoint(data_root, tmp_path,
                                                                        capsys):
@@ -757,6 +758,5 @@ phases = [dict(name='test', kind='wsd', arms=('baseline',), seeds=(1,), steps=16
     assert stable['keep_checkpoints'] == [4] and stable['max_iters'] == 16
     source = os.path.join(work, 'out-tinywsd', 'baseline_lr0.002_wd0.1_s1_i16', 'ckpt_4.pt')
     assert branch['init_from'] == source
-    log = [json.loads(line) for line in open(os.path.join(committed, 'baseline_lr0.002_wd0.1_s1',
-                                                          'log.jsonl'))]
+    log = read_jsonl(os.path.join(committed, 'baseline_lr0.002_wd0.1_s1', 'log.jsonl.gz'))
     assert log[0]['iter'] == 4 and log[-1]['iter'] == 8 and 'val_loss_full' in log[-1]

@@ -338,6 +338,21 @@ def test_wsd_settings_are_checked_and_documented(capsys):
     assert 'warmup-stable-decay' in text and 'cooldown_frac' in text and '1-sqrt' in text
 
 
+def test_a_signal_during_eval_only_saves_nothing(data_root, tmp_path, monkeypatch):
+    run(data_root, tmp_path, max_iters=4, eval_interval=2)
+    before = (tmp_path / 'ckpt.pt').read_bytes()
+
+    def interrupted(run):  # SIGTERM in the middle of the evaluation
+        os.kill(os.getpid(), signal.SIGTERM)  # the run's handler records it
+        raise distributed.Interrupted()
+    monkeypatch.setattr(train, 'all_ranks_evaluate', interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(argv(data_root, tmp_path, max_iters=4, eval_interval=2, init_from='resume',
+                        eval_only=True))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert (tmp_path / 'ckpt.pt').read_bytes() == before
+
+
 def test_eval_only_evaluates_and_writes_nothing(data_root, tmp_path, capsys):
     run(data_root, tmp_path, max_iters=10)
     good = (tmp_path / 'ckpt.pt').read_bytes()
