@@ -9,20 +9,28 @@ from lab import plan as S, report, stats, tables
 from lab.tables import geometry_gaps, seed_slopes
 
 
+def seeds_and_mean(ax, lines, xs, values, color):
+    """Each seed's line in grey, the mean over seeds at each x with its 95% interval, and the
+    zero line; returns the (mean, low, high) at each x."""
+    for points in lines:
+        ax.plot(*zip(*points), color='grey', alpha=0.5, lw=0.8, marker='.')
+    found = [stats.interval95(v) for v in values]
+    ax.errorbar(xs, [m for m, _, _ in found],
+                yerr=[[m - lo for m, lo, _ in found], [hi - m for m, _, hi in found]],
+                color=color, marker='o', capsize=4,
+                label="mean over seeds, 95% interval (grey: each seed)")
+    ax.axhline(0, color='black', lw=0.8)
+    return found
+
+
 def trend_figure(ctx, path, pair, budgets, seeds):
     series, slopes = seed_slopes(ctx, pair, budgets, seeds)
     if len(slopes) < len(seeds):
         return None
     fig, ax = report.pyplot().subplots(figsize=(7, 4.5))
-    for seed in seeds:
-        ax.plot(*zip(*series[seed]), color='grey', alpha=0.5, lw=0.8, marker='.')
     points = list(zip(*[series[s] for s in seeds]))
-    found = [stats.interval95([g for _, g in p]) for p in points]
-    ax.errorbar([p[0][0] for p in points], [m for m, _, _ in found],
-                yerr=[[m - lo for m, lo, _ in found], [hi - m for m, _, hi in found]],
-                color=report.variant_color(pair[1]), marker='o', capsize=4,
-                label="mean over seeds, 95% interval (grey: each seed)")
-    ax.axhline(0, color='black', lw=0.8)
+    seeds_and_mean(ax, [series[s] for s in seeds], [p[0][0] for p in points],
+                   [[g for _, g in p] for p in points], report.variant_color(pair[1]))
     ax.set(xscale='log', xlabel='tokens', ylabel=f'{pair[1]} − {pair[0]} (% of val loss)',
            title='paired gap against the budget')
     ax.legend(fontsize=8)
@@ -303,21 +311,17 @@ def wsd_gaps_figure(ctx, path, pair, seeds, budgets, steps_1x, fit):
                                        * steps_1x))
     tokens = {b: S.tokens(dict(config, max_iters=b * steps_1x)) for b in budgets}
     fig, ax = report.pyplot().subplots(figsize=(7, 4.5))
-    for seed in seeds:
-        points = [(tokens[b], series[b][seed]) for b in budgets if seed in series[b]]
-        ax.plot(*zip(*points), color='grey', alpha=0.5, lw=0.8, marker='.')
-    found = [stats.interval95(list(series[b].values())) for b in budgets]
-    ax.errorbar([tokens[b] for b in budgets], [m for m, _, _ in found],
-                yerr=[[m - lo for m, lo, _ in found], [hi - m for m, _, hi in found]],
-                color=report.variant_color(pair[0]), marker='o', capsize=4,
-                label="mean over seeds, 95% interval (grey: each seed)")
+    lines = [[(tokens[b], series[b][seed]) for b in budgets if seed in series[b]]
+             for seed in seeds]
+    found = seeds_and_mean(ax, lines, [tokens[b] for b in budgets],
+                           [list(series[b].values()) for b in budgets],
+                           report.variant_color(pair[0]))
     xs = [math.log2(b) for b in fit]
     means = [m for b, (m, _, _) in zip(budgets, found) if b in fit]
     b, mean_x = stats.slope(xs, means), sum(xs) / len(xs)
     line = [sum(means) / len(means) + b * (x - mean_x) for x in xs]
     ax.plot([tokens[f] for f in fit], line, color='black', ls='--', lw=1,
             label=f"fitted over {fit[0]:g}×–{fit[-1]:g}×: {b:+.2f} points per doubling")
-    ax.axhline(0, color='black', lw=0.8)
     ax.set(xscale='log', xlabel='byte tokens', ylabel=f'{pair[0]} − {pair[1]} (% of val loss)',
            title='paired gap against the tokens: cooldown branches of one WSD run per seed')
     ax.legend(fontsize=8)

@@ -21,24 +21,20 @@ LR = 2.83e-3  # both arms' 16x LR in v6
 STEPS_1X = 1200
 BUDGETS = (2, 4, 8, 16)  # the branches; 32x is the stable run's own end
 STABLE = 32 * STEPS_1X
+COSINE_4X = dict(max_iters=4800, warmup_iters=96, lr_decay_iters=4800)  # v5's and v6's cosines
+COSINE_16X = dict(max_iters=19200, warmup_iters=384, lr_decay_iters=19200)
 arms = {
     'baseline_wsd': dict(variant='baseline', weight_decay=0.1, settings=WSD,
                          grid=(2e-3, LR, 4e-3), tuning=dict(keep=LR)),
     'identity_wsd_wd0.1': dict(variant='reduced', weight_decay=0.1, settings=dict(WSD, **FULL),
                                grid=(2e-3, LR, 4e-3), tuning=dict(keep=LR)),
     # the cosine references of the check (v4's, v5's and v6's commands), not run again
-    'baseline_anneal4x': dict(variant='baseline', weight_decay=0.1, lr=LR,
-                              settings=dict(max_iters=4800, warmup_iters=96,
-                                            lr_decay_iters=4800)),
+    'baseline_anneal4x': dict(variant='baseline', weight_decay=0.1, lr=LR, settings=COSINE_4X),
     'identity_anneal4x_wd0.1': dict(variant='reduced', weight_decay=0.1, lr=LR,
-                                    settings=dict(max_iters=4800, warmup_iters=96,
-                                                  lr_decay_iters=4800, **FULL)),
-    'baseline_anneal16x': dict(variant='baseline', weight_decay=0.1, lr=LR,
-                               settings=dict(max_iters=19200, warmup_iters=384,
-                                             lr_decay_iters=19200)),
+                                    settings=dict(COSINE_4X, **FULL)),
+    'baseline_anneal16x': dict(variant='baseline', weight_decay=0.1, lr=LR, settings=COSINE_16X),
     'identity_anneal16x_wd0.1': dict(variant='reduced', weight_decay=0.1, lr=LR,
-                                     settings=dict(max_iters=19200, warmup_iters=384,
-                                                   lr_decay_iters=19200, **FULL)),
+                                     settings=dict(COSINE_16X, **FULL)),
 }
 # the LR check: each arm at 2.83e-3 is kept unless a sqrt(2) step either side beats it on seed
 # 201 at 8x by more than 0.5% (what one seed resolves, v6's rule)
