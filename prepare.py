@@ -175,9 +175,20 @@ def check_jsonl(path):
     return None
 
 
+def import_datasets():
+    """Hugging Face's datasets, which reads, splits and maps the documents (requirements.txt);
+    missing, one line instead of a traceback."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise UserError(f"prepare.py needs the datasets package ({e}): pip install datasets, or "
+                        "pip install -r requirements.txt") from None
+    return datasets
+
+
 def load_source(c):
     """The documents: a datasets.Dataset, or with streaming an IterableDataset read in order."""
-    import datasets
+    datasets = import_datasets()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors become ours, one line
     name = c['dataset']
     if name in EMBEDDED:
@@ -330,7 +341,7 @@ def split_head(ds, c):
 def split_by_position(ds, c):
     """One document (nanoGPT's input.txt): its last val_size of characters is val, the rest
     train, each a document of its own."""
-    import datasets
+    datasets = import_datasets()
     text = ds[0][c['text_column']] or ''
     cut = round(len(text) * (1 - c['val_size']))
     if not 0 < cut < len(text):
@@ -359,8 +370,7 @@ def prepare(c):
             return meta
 
     if not c['progress']:
-        import datasets
-        datasets.disable_progress_bars()
+        import_datasets().disable_progress_bars()
     ds = load_source(c)
     if c['streaming']:
         return prepare_streamed(ds, c, tok, dtype, out_dir, settings)

@@ -307,15 +307,16 @@ def bench_summary(c):
     read = lambda name: read_jsonl(path(name)) if os.path.exists(path(name)) else []
     summary = dict(date=time.strftime('%Y-%m-%d'), train=read('bench_train.jsonl'),
                    sample=read('bench_sample.jsonl'))
-    if c['run_dir']:
-        log = read_jsonl(os.path.join(c['run_dir'], 'log.jsonl'))
+    run_log = os.path.join(c['run_dir'], 'log.jsonl') if c['run_dir'] else None
+    if run_log and os.path.exists(run_log):  # absent when the run's part failed or was left out
+        log = read_jsonl(run_log)
         timed = [e for e in log if e.get('dt_ms')]
-        median = lambda key: statistics.median(e[key] for e in timed)
+        with_mfu = [e['mfu'] for e in timed if e.get('mfu') is not None]
         summary['run'] = dict(
             steps=max(e['iter'] for e in log),
             final_val_loss=[e for e in log if 'val_loss' in e][-1]['val_loss'],
-            median_ms_per_step=median('dt_ms') if timed else None,
-            median_mfu=median('mfu') if timed and timed[0]['mfu'] else None)
+            median_ms_per_step=statistics.median(e['dt_ms'] for e in timed) if timed else None,
+            median_mfu=statistics.median(with_mfu) if with_mfu else None)
     write_json(os.path.join(folder, 'results.json'), summary)
     write_text(os.path.join(folder, 'results.md'), summary_markdown(summary))
     print(summary_markdown(summary))
@@ -342,9 +343,10 @@ def summary_markdown(s):
                  f"identical greedy tokens: {r['same_tokens']}"]
     if 'run' in s:
         r = s['run']
+        ms = f"{r['median_ms_per_step']:.1f}" if r['median_ms_per_step'] is not None else '-'
+        mfu = f"{100 * r['median_mfu']:.1f}%" if r['median_mfu'] is not None else '-'
         rows += ['', f"torchrun training: {r['steps']} steps with a resume, final val loss "
-                 f"{r['final_val_loss']:.4f}, median {r['median_ms_per_step']} ms/step, "
-                 f"median MFU {r['median_mfu']}"]
+                 f"{r['final_val_loss']:.4f}, median {ms} ms/step, median MFU {mfu}"]
     return '\n'.join(rows) + '\n'
 
 

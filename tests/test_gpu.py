@@ -64,17 +64,23 @@ def test_cuda_compiled_step_matches_eager_and_uses_fused_adamw():
             opt.zero_grad(set_to_none=True)
         results.append((loss.item(), model.lm_head.weight.detach().float().clone()))
     assert results[0][0] == pytest.approx(results[1][0], rel=2e-2)
-    torch.testing.assert_close(results[0][1], results[1][1], rtol=5e-2, atol=5e-3)
+    # AdamW moves a weight by about lr a step whatever its gradient's size, so a weight whose tiny
+    # gradient has the other sign in bf16 under the other kernels can differ by 2 lr a step (on
+    # an H200 one weight in 65,536 did: 5.1e-3 after 3 steps); nearly all agree far closer
+    steps, lr = 3, 1e-3
+    diff = (results[0][1] - results[1][1]).abs()
+    assert diff.max() <= 2 * steps * lr
+    assert (diff > lr).float().mean() < 1e-3
 
 
 @pytest.mark.cuda
 @cuda
 def test_cuda_resume_reproduces_the_next_losses_and_mfu_is_a_fraction(data_root, tmp_path):
-    args = lambda out, **kw: [f'--{k}={v}' for k, v in dict(
+    args = lambda out, **kw: [f'--{k}={v}' for k, v in {**dict(
         dataset='tiny', data_root=data_root, out_dir=out, n_layer=2, n_head=2, n_embd=64,
         block_size=64, batch_size=8, gradient_accumulation_steps=1, max_iters=12, eval_interval=6,
-        eval_iters=2, log_interval=1, dropout=0.0, learning_rate=1e-3, device='cuda',
-        **kw).items()]
+        eval_iters=2, log_interval=1, dropout=0.0, learning_rate=1e-3, device='cuda'),
+        **kw}.items()]
     train.main(args(tmp_path / 'full'))
     train.main(args(tmp_path / 'half', max_iters=6))
     train.main(args(tmp_path / 'half', init_from='resume'))

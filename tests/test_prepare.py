@@ -382,6 +382,19 @@ def test_the_core_imports_where_fcntl_does_not_exist():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+def test_prepare_without_the_datasets_package_says_so_in_one_line(tmp_path):
+    """datasets is a requirement, but a machine may lack it (a GPU image did): one line, exit 2."""
+    argv = ['--dataset=pydocs', f'--data_root={tmp_path}']
+    code = ("import sys; sys.modules['datasets'] = None; import prepare; "
+            f"prepare.run_main(lambda: prepare.main({argv!r}))")
+    r = subprocess.run([sys.executable, '-W', 'ignore', '-c', code], cwd=HERE,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith('error: prepare.py needs the datasets package')
+    assert 'pip install datasets' in r.stderr and not (tmp_path / 'pydocs').exists()
+
+
 # -----------------------------------------------------------------------------
 # llm.c / modded-nanogpt shards, written here to the format's spec: 256 little-endian int32
 # (magic 20240520, version 1, token count, zeros), then the tokens as uint16
