@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+import unittest.mock
 
 import torch
 
@@ -29,12 +30,16 @@ from kvgpt.device import setup_device
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import read_jsonl, write_json, write_text
 from lab import markdown as md, probes
+import model as model_module
 from model import GPT, KVCache, causal_mask
 
 KEYS = dict(bench.KEYS, **keys(  # bench's: the geometry, the variants, the device
     mode=('sample', "sample | diagnostics | prepare | summary | runs | attention"),
     max_new_tokens=(500, "sample mode"),
     prompt_tokens=(16, "sample mode"),
+    decoding_attention=('kvgpt', "sample mode: kvgpt (generate's own kernels: on CUDA none of "
+                        "cuDNN's) or torch (torch's choice, cuDNN's included), to compare",
+                        Kind(str, ('kvgpt', 'torch'))),
     tokenizer=('gpt2', "prepare mode"),
     num_proc=(2, "prepare mode"),
     repeat=(10, "prepare mode: copies of pydocs in the corpus"),
@@ -62,7 +67,11 @@ def bench_sample(c, dev):
     g = torch.Generator().manual_seed(c['seed'])
     prompt = torch.randint(c['vocab_size'], (1, c['prompt_tokens']), generator=g).to(dev.device)
     out, times = {}, {}
-    with dev.ctx:
+    # 'torch': generate() runs with torch's own choice of attention kernels (in this process only)
+    kernels = (contextlib.nullcontext() if c['decoding_attention'] == 'kvgpt' else
+               unittest.mock.patch.object(model_module, 'decoding_attention',
+                                          lambda device: contextlib.nullcontext()))
+    with dev.ctx, kernels:
         for use_cache in (True, False):
             model.generate(prompt, 4, temperature=0.0, use_cache=use_cache)  # warm-up, compilation
         for use_cache in (True, False):
@@ -76,7 +85,7 @@ def bench_sample(c, dev):
     n = c['max_new_tokens']
     cache = KVCache(model.config, 1, 'meta', model.cache_dtype(dev.device))
     result = dict(mode='sample', variant=name, params=model.get_num_params(), new_tokens=n,
-                  dtype=dev.dtype, compile=dev.compile,
+                  dtype=dev.dtype, compile=dev.compile, decoding_attention=c['decoding_attention'],
                   device=torch.cuda.get_device_name(dev.device) if dev.type == 'cuda' else 'cpu',
                   cached_tokens_per_s=n / times[True], uncached_tokens_per_s=n / times[False],
                   speedup=times[False] / times[True],
@@ -84,7 +93,8 @@ def bench_sample(c, dev):
                   max_logit_diff=diff, cache_bytes=cache.nbytes())
     print('\n'.join([
         f"\n{name}, {model.get_num_params():,} params, {n} new tokens after a "
-        f"{c['prompt_tokens']}-token prompt, {dev.device} {dev.dtype}, compile={dev.compile}:",
+        f"{c['prompt_tokens']}-token prompt, {dev.device} {dev.dtype}, compile={dev.compile}, "
+        f"attention kernels {c['decoding_attention']}'s:",
         f"  KV cache:       {result['cached_tokens_per_s']:8.1f} tokens/s",
         f"  recompute all:  {result['uncached_tokens_per_s']:8.1f} tokens/s",
         f"  speedup {result['speedup']:.1f}x; identical greedy tokens: {result['same_tokens']}; "
@@ -336,7 +346,8 @@ def summary_markdown(s):
                     f"| {r['ms_per_step'] / base['ms_per_step']:.3f} "
                     f"| {r['flops_per_token'] / base['flops_per_token']:.3f} | {peak} |")
     for r in s['sample']:
-        rows += ['', f"KV-cache decoding ({r['variant']}, {r['dtype']}, compile={r['compile']}): "
+        rows += ['', f"KV-cache decoding ({r['variant']}, {r['dtype']}, compile={r['compile']}, "
+                 f"attention kernels {r.get('decoding_attention', 'kvgpt')}'s): "
                  f"{r['cached_tokens_per_s']:.1f} tokens/s against "
                  f"{r['uncached_tokens_per_s']:.1f} recomputing, {r['speedup']:.1f}x; "
                  f"max |logit difference| {r['max_logit_diff']:.2e}, "

@@ -1,6 +1,7 @@
 """The CUDA path: tests marked `cuda` run on a GPU (`pytest -m cuda`, or tools/gpu_check.sh) and
 are skipped with their reason elsewhere; the rest are the CPU regression tests of what reading the
 CUDA path found, and the dry run of gpu_check.sh."""
+import contextlib
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from kvgpt import files
+from kvgpt.errors import UserError
 from kvgpt.device import PEAK_FLOPS, device_peak_flops, pick_precision
 from lab import costs
 from model import GPT, GPTConfig, KVCache
@@ -156,6 +158,27 @@ def test_bench_sample_warms_up_both_paths_before_timing(monkeypatch):
                         '--prompt_tokens=4', '--device=cpu'])
     assert calls == [(4, True), (4, False), (12, True), (12, False)]
     assert r['max_logit_diff'] < 1e-4 and r['same_tokens']
+    assert r['decoding_attention'] == 'kvgpt'
+
+
+def test_bench_sample_can_decode_with_torchs_attention_kernels(monkeypatch):
+    """--decoding_attention=torch times generate() with torch's kernel choice (on CUDA, cuDNN's
+    too), for the GPU check to show beside generate()'s own; afterwards generate() has its own."""
+    import model as model_module
+    original, contexts = model_module.decoding_attention, []
+    real = GPT.generate
+    def generate(self, idx, n, **kw):
+        contexts.append(model_module.decoding_attention('cuda'))
+        return real(self, idx, n, **kw)
+    monkeypatch.setattr(GPT, 'generate', generate)
+    argv = ['--mode=sample', '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32',
+            '--vocab_size=64', '--max_new_tokens=6', '--prompt_tokens=4', '--device=cpu']
+    r = costs.main(argv + ['--decoding_attention=torch'])
+    assert r['decoding_attention'] == 'torch' and r['same_tokens']
+    assert contexts and all(isinstance(x, contextlib.nullcontext) for x in contexts)
+    assert model_module.decoding_attention is original
+    with pytest.raises(UserError, match='decoding_attention must be one of kvgpt, torch'):
+        costs.main(argv + ['--decoding_attention=cudnn'])
 
 
 @pytest.mark.long

@@ -6,7 +6,7 @@
 #   PARTS="bench run" bash tools/gpu_check.sh   # only these parts (a rerun after one failed)
 # Steps: 1. pytest -m cuda; 2. bench.py train steps, variants alternated; 3. torchrun training of
 # config/reduced.py on the embedded corpus with GPT-2 BPE (bytes in the dry run) (NCCL, compile, bf16, checkpoint, resume);
-# 4. KV-cache sampling against recomputation.
+# 4. KV-cache sampling against recomputation, generate()'s attention kernels beside torch's choice.
 # Every part runs even when one before it fails (a GPU lease is short: one call should tell all it
 # can); log.txt gives each part's wall time, failed.txt the parts that failed, and the exit code is
 # non-zero if any did.
@@ -59,9 +59,12 @@ short_run() {
       --max_iters=$STEPS --eval_interval=$((STEPS / 2)) --eval_iters=5 --log_interval=5 --keep_checkpoints="()" \
       --init_from=resume
 }
-# 4. KV-cache decoding against recomputing the context
+# 4. KV-cache decoding against recomputing the context, each in a process of its own (cold): with
+# generate()'s attention kernels, then with torch's choice (cuDNN's included) beside it
 sample_speed() {
-  run python -m lab.costs --mode=sample --variants=reduced $SAMPLE --json_out="$OUT/bench_sample.jsonl"
+  run python -m lab.costs --mode=sample --variants=reduced $SAMPLE --json_out="$OUT/bench_sample.jsonl" &&
+  run python -m lab.costs --mode=sample --variants=reduced $SAMPLE --json_out="$OUT/bench_sample.jsonl" \
+      --decoding_attention=torch
 }
 part tests tests
 part bench bench_steps
