@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check: the CUDA path proven and measured in one go, in under 8 minutes on one
+# The prepared GPU check: the CUDA path proven and measured in one go, in about 8 minutes on one
 # GPU. Writes results.md and results.json (and the raw logs) into $OUT (default: gpu-check/).
 #   bash tools/gpu_check.sh             # on a CUDA machine: GPT-2 small, bf16, compiled
 #   DRY_RUN=1 bash tools/gpu_check.sh   # the same steps, tiny sizes, on CPU (the tests run it)
