@@ -441,10 +441,15 @@ def compact(root, name):
     return plain
 
 
+# <root>/<name>/carry/<run>/: a stopped run's checkpoint and log, committed so that the run
+# resumes on another machine (lab/study.py --carry=True); never a run of its own
+CARRY = 'carry'
+
+
 def run_folders(root, name):
     """The folders of a study's committed runs, in name order."""
     folder = os.path.join(root, name)
-    return [os.path.join(folder, run) for run in sorted(os.listdir(folder))
+    return [os.path.join(folder, run) for run in sorted(os.listdir(folder)) if run != CARRY
             ] if os.path.isdir(folder) else []
 
 

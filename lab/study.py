@@ -6,6 +6,7 @@ that they can stop and continue anywhere, each finished run committed to experim
     python -m lab.study lab/studies/v4.py --status=True          # what is done, left, waiting
     python -m lab.study lab/studies/v4.py --print=True           # the runs to start, one a line
     python -m lab.study lab/studies/v4.py --collect=True         # commit what finished, gzipped
+    python -m lab.study lab/studies/v4.py --carry=True           # stopped runs, to resume elsewhere
     python -m lab.study lab/studies/*.py --report=True           # the docs' tables and figures
 
 A study file is plain Python that only declares (lab/studies/v4.py is an example; its
@@ -13,7 +14,6 @@ docstring is the study's one-line summary). A run trains in <work_root>/out-<nam
 (checkpoints, stdout.txt, stderr.txt; never committed); once it has finished, its config.json
 and its log.jsonl, gzipped to log.jsonl.gz, are copied to <root>/<name>/<run>/, what every table
 is computed from. A run that is committed is never run again, and a run that stopped resumes
-from its checkpoint.
 
 --print=True writes each run that can start now as one shell line, for any scheduler (a Slurm
 array, GNU parallel, another machine): `python -m lab.study S --print=True | parallel -j 8`,
@@ -22,7 +22,9 @@ then `--collect=True`. Tuning names later runs as its results come in, so repeat
 """
 
 import fcntl
+import gzip
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,9 +32,11 @@ import time
 
 from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.errors import UserError, run_main
+from kvgpt.files import atomic_write
 from lab import docs
-from lab.plan import (base_config, check_reused, commit_run, compact, init_from, load_study, plan,
-                      results_of, reused as plan_reused, shell_line, train_args, work_dir)
+from lab.plan import (CARRY, LOG, PLAIN_LOG, base_config, check_reused, commit_run, compact, init_from, load_study, plan,
+                      results_of, reused as plan_reused, shell_line, train_args, work_dir,
+                      work_of)
 
 KEYS = keys(
     jobs=(1, "runs at a time on this machine"),
@@ -41,6 +45,7 @@ KEYS = keys(
     status=(False, "list what is done, what can start now and what waits, then stop"),
     print=(False, "write the runs that can start now as shell lines, one a line, then stop"),
     collect=(False, "commit the runs finished in the work folders, gzip any plain log, stop"),
+    carry=(False, "copy the stopped runs' checkpoints into <root>/<name>/carry/ to commit, stop"),
     report=(False, "rewrite the study's blocks of its docs and its figures from committed logs"),
     root=('experiments', "committed runs: <root>/<name>/<run>/{log.jsonl.gz,config.json}"),
     work_root=('.', "runs train in <work_root>/out-<name>/<run>/ (checkpoints; not committed)"),
@@ -96,6 +101,7 @@ def run_all(c, s):
     runner cleanly: each running train.py gets SIGTERM, saves its checkpoint and exits, and the
     next invocation resumes it."""
     base, running, stopped, signals, checked = base_config(s), {}, set(), [], set()
+    uncarry(c, s)
     handlers = {n: signal.signal(n, lambda signum, frame: signals.append(signum))
                 for n in (signal.SIGTERM, signal.SIGINT)}
     replan = True  # planning reads every committed log: only when a run has ended
@@ -167,6 +173,7 @@ def status(c, s):
 
 
 def print_runs(c, s):
+    uncarry(c, s)
     todo, p, results, folders = pending(s, c['root'])
     base = base_config(s)
     check_reused(s, p, folders, base, c['root'])
@@ -193,6 +200,82 @@ def collect(c, s):
     return states
 
 
+# -----------------------------------------------------------------------------
+# carrying stopped runs to another machine
+
+def carried_files(c, s):
+    """{run name: [file names]}: what resuming the study's unfinished runs needs from the work
+    folders: each stopped run's checkpoint, config and log, and the kept checkpoint of each
+    branch that has not started."""
+    todo = pending(s, c['root'])[0]
+    files = {}
+    for run in todo:
+        if os.path.exists(os.path.join(work_dir(c, s, run), 'ckpt.pt')):
+            files.setdefault(run.name, []).extend(['config.json', PLAIN_LOG, 'ckpt.pt'])
+        elif run.source is not None:
+            name, step = run.source
+            if os.path.exists(os.path.join(work_of(c, s, name), f'ckpt_{step}.pt')):
+                files.setdefault(name, []).append(f'ckpt_{step}.pt')
+    return {name: sorted(set(f)) for name, f in files.items()}
+
+
+def copy_file(src, dest, unzip=False, zip=False):
+    def write(tmp):
+        with (gzip.open if unzip else open)(src, 'rb') as f, open(tmp, 'wb') as out:
+            if zip:  # the same bytes every time, as a committed log (no time in the header)
+                out.write(gzip.compress(f.read(), mtime=0))
+            else:
+                shutil.copyfileobj(f, out)
+    atomic_write(dest, write)
+
+
+def carry(c, s):
+    """Rewrite <root>/<name>/carry/ to hold what the work folders need to resume on another
+    machine (carried_files), logs gzipped; a run committed since is left out."""
+    with lock(c, s):
+        files = carried_files(c, s)
+        folder = os.path.join(c['root'], s.name, CARRY)
+        for name in (os.listdir(folder) if os.path.isdir(folder) else []):
+            if name not in files:
+                shutil.rmtree(os.path.join(folder, name))
+        size = 0
+        for name, names in files.items():
+            dest = os.path.join(folder, name)
+            os.makedirs(dest, exist_ok=True)
+            for old in set(os.listdir(dest)) - {LOG if f == PLAIN_LOG else f for f in names}:
+                os.remove(os.path.join(dest, old))
+            for f in names:
+                target = os.path.join(dest, LOG if f == PLAIN_LOG else f)
+                copy_file(os.path.join(work_of(c, s, name), f), target, zip=f == PLAIN_LOG)
+                size += os.path.getsize(target)
+        if os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
+    print(f"carried {len(files)} run(s) into {folder}/ ({size / 2 ** 20:.1f} MiB): commit it, and "
+          "the runner resumes them from it on any machine")
+    return files
+
+
+def uncarry(c, s):
+    """Copy <root>/<name>/carry/ into the work folders where they lack it: a carried checkpoint
+    comes with its config and log, and never replaces a checkpoint already there."""
+    folder = os.path.join(c['root'], s.name, CARRY)
+    committed = results_of(s, c['root'])[0]
+    for name in (sorted(os.listdir(folder)) if os.path.isdir(folder) else []):
+        work, names = work_of(c, s, name), sorted(os.listdir(os.path.join(folder, name)))
+        os.makedirs(work, exist_ok=True)
+        resume = 'ckpt.pt' in names and name not in committed
+        if resume and os.path.exists(os.path.join(work, 'ckpt.pt')):
+            resume = False  # this machine's own state is at least as far along
+        for f in names:
+            if f in ('ckpt.pt', 'config.json', LOG) and not resume:
+                continue
+            target = os.path.join(work, PLAIN_LOG if f == LOG else f)
+            if f in ('ckpt.pt', 'config.json', LOG) or not os.path.exists(target):
+                copy_file(os.path.join(folder, name, f), target, unzip=f == LOG)
+        if resume:
+            print(f"{time.strftime('%H:%M:%S')} carried in {name}", flush=True)
+
+
 def lock(c, s):
     folder = os.path.join(c['work_root'], f'out-{s.name}')
     os.makedirs(folder, exist_ok=True)
@@ -216,7 +299,8 @@ def main(argv=None):
     studies = [load_study(f) for f in files]
     if c['report']:
         return [docs.write_report(s, c['root']) for s in studies]
-    for word, act in (('status', status), ('print', print_runs), ('collect', collect)):
+    for word, act in (('status', status), ('print', print_runs), ('collect', collect),
+                      ('carry', carry)):
         if c[word]:
             return [act(c, s) for s in studies]
     if len(studies) > 1:

@@ -503,6 +503,46 @@ def test_a_signal_stops_the_runner_and_its_runs_save_their_checkpoints(data_root
     run_dir = work / 'out-tiny' / 'baseline_lr0.002_wd0.1_s1'
     assert (run_dir / 'ckpt.pt').exists() and not os.path.exists(root)  # saved, not committed
     assert signal.getsignal(signal.SIGTERM) is before  # the runner gave the handler back
+    # carried to another machine: the checkpoint, config and log go into the committed tree...
+    S.main([path, f'--root={root}', f'--work_root={work}', '--carry=True'])
+    assert capsys.readouterr().out.startswith(f"carried 1 run(s) into {root}/tiny/carry/ (")
+    carried = os.path.join(root, 'tiny', 'carry', 'baseline_lr0.002_wd0.1_s1')
+    assert sorted(os.listdir(carried)) == ['ckpt.pt', 'config.json', 'log.jsonl.gz']
+    assert P.run_folders(root, 'tiny') == [] and P.results_of(P.load_study(path), root) == ({}, {})
+    # ...and a runner on a machine without the work folder resumes from them, byte for byte
+    saved = {f: (run_dir / f).read_bytes() for f in ('ckpt.pt', 'config.json', 'log.jsonl')}
+    other = tmp_path / 'other'
+    line = S.main([path, f'--root={root}', f'--work_root={other}', '--print=True'])[0][0]
+    resumed = other / 'out-tiny' / 'baseline_lr0.002_wd0.1_s1'
+    assert line.name == 'baseline_lr0.002_wd0.1_s1' and 'carried in' in capsys.readouterr().out
+    assert {f: (resumed / f).read_bytes() for f in saved} == saved
+    (resumed / 'ckpt.pt').write_bytes(b'further along')  # a machine's own state is never replaced
+    S.main([path, f'--root={root}', f'--work_root={other}', '--print=True'])
+    assert (resumed / 'ckpt.pt').read_bytes() == b'further along'
+    capsys.readouterr()
+    # a run with nothing to resume from is carried no more, and an empty carry folder goes
+    shutil.rmtree(run_dir)
+    S.main([path, f'--root={root}', f'--work_root={work}', '--carry=True'])
+    assert capsys.readouterr().out.startswith("carried 0 run(s)")
+    assert not os.path.exists(os.path.join(root, 'tiny', 'carry'))
+
+
+def test_carry_takes_what_the_unfinished_runs_resume_from(tmp_path):
+    """v7 on the committed runs: seed 301's stable runs, stopped, carry their checkpoints; seed
+    302's baseline carries the checkpoint its unstarted 2x branch starts from, and none of a run
+    committed already (seed 301's 2x branch left its work folder behind)."""
+    s, work = load('v7'), tmp_path / 'work'
+    stable = 'baseline_wsd_lr0.00283_wd0.1_s{}_i38400'
+    for name, files in ((stable.format(301), ('ckpt.pt', 'config.json', 'log.jsonl')),
+                        (stable.format(302), ('ckpt.pt', 'ckpt_1920.pt', 'log.jsonl')),
+                        ('baseline_wsd_lr0.00283_wd0.1_s301_i2400', ('ckpt.pt', 'log.jsonl'))):
+        (work / 'out-v7' / name).mkdir(parents=True)
+        for f in files:
+            (work / 'out-v7' / name / f).write_text(f)
+    c = dict(root=os.path.join(HERE, 'experiments'), work_root=str(work))
+    assert S.carried_files(c, s) == {stable.format(301): ['ckpt.pt', 'config.json', 'log.jsonl'],
+                                     stable.format(302): ['ckpt.pt', 'ckpt_1920.pt',
+                                                          'config.json', 'log.jsonl']}
 
 
 @pytest.mark.slow
