@@ -6,7 +6,7 @@ that they can stop and continue anywhere, each finished run committed to experim
     python -m lab.study lab/studies/v4.py --status=True          # what is done, left, waiting
     python -m lab.study lab/studies/v4.py --print=True           # the runs to start, one a line
     python -m lab.study lab/studies/v4.py --collect=True         # commit what finished, gzipped
-    python -m lab.study lab/studies/v4.py --carry=True           # stopped runs, to resume elsewhere
+    python -m lab.study lab/studies/v4.py --carry=True           # stopped runs, to go elsewhere
     python -m lab.study lab/studies/*.py --report=True           # the docs' tables and figures
 
 A study file is plain Python that only declares (lab/studies/v4.py is an example; its
@@ -14,6 +14,13 @@ docstring is the study's one-line summary). A run trains in <work_root>/out-<nam
 (checkpoints, stdout.txt, stderr.txt; never committed); once it has finished, its config.json
 and its log.jsonl, gzipped to log.jsonl.gz, are copied to <root>/<name>/<run>/, what every table
 is computed from. A run that is committed is never run again, and a run that stopped resumes
+from its checkpoint.
+
+A machine that goes away takes its work folders with it. Before it does, stop the runner (SIGTERM:
+each run saves its checkpoint) and run --carry=True: each stopped run's checkpoint, config and log
+go to <root>/<name>/carry/<run>/, with the checkpoints its branches still start from. Commit that
+folder; the runner (and --print=True) on the next machine copies it into the work folders and the
+runs resume (bit for bit on the same CPU; another CPU's float32 rounds differently from there).
 
 --print=True writes each run that can start now as one shell line, for any scheduler (a Slurm
 array, GNU parallel, another machine): `python -m lab.study S --print=True | parallel -j 8`,
@@ -34,9 +41,9 @@ from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import atomic_write
 from lab import docs
-from lab.plan import (CARRY, LOG, PLAIN_LOG, base_config, check_reused, commit_run, compact, init_from, load_study, plan,
-                      results_of, reused as plan_reused, shell_line, train_args, work_dir,
-                      work_of)
+from lab.plan import (CARRY, LOG, PLAIN_LOG, base_config, check_reused, commit_run, compact,
+                      init_from, load_study, plan, results_of, reused as plan_reused, shell_line,
+                      train_args, work_dir, work_of)
 
 KEYS = keys(
     jobs=(1, "runs at a time on this machine"),

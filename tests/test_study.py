@@ -404,6 +404,7 @@ def test_the_runner_plans_again_only_when_a_run_ends(monkeypatch, capsys):
     monkeypatch.setattr(S, 'finish', lambda run, c, s: done.add(run) or 'finished')
     monkeypatch.setattr(S.time, 'sleep', lambda seconds: None)
     monkeypatch.setattr(S, 'base_config', lambda s: {})
+    monkeypatch.setattr(S, 'uncarry', lambda c, s: None)  # nothing carried
     S.run_all(dict(root='unused', jobs=2), None)
     # two jobs at a time: seeds 1 and 2 end on the same poll, then seed 3 on its own
     assert plans == [[], [1, 2], [1, 2, 3]]
