@@ -41,9 +41,9 @@ from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import atomic_write
 from lab import docs
-from lab.plan import (CARRY, LOG, PLAIN_LOG, base_config, check_reused, commit_run, compact,
-                      init_from, load_study, plan, results_of, reused as plan_reused, shell_line,
-                      train_args, work_dir, work_of)
+from lab.plan import (CARRY, LOG, PLAIN_LOG, base_config, check_reused, commit_log, commit_run,
+                      compact, init_from, load_study, plan, results_of, reused as plan_reused,
+                      shell_line, train_args, work_dir, work_of)
 
 KEYS = keys(
     jobs=(1, "runs at a time on this machine"),
@@ -226,19 +226,16 @@ def carried_files(c, s):
     return {name: sorted(set(f)) for name, f in files.items()}
 
 
-def copy_file(src, dest, unzip=False, zip=False):
+def copy_file(src, dest, unzip=False):
     def write(tmp):
         with (gzip.open if unzip else open)(src, 'rb') as f, open(tmp, 'wb') as out:
-            if zip:  # the same bytes every time, as a committed log (no time in the header)
-                out.write(gzip.compress(f.read(), mtime=0))
-            else:
-                shutil.copyfileobj(f, out)
+            shutil.copyfileobj(f, out)
     atomic_write(dest, write)
 
 
 def carry(c, s):
     """Rewrite <root>/<name>/carry/ to hold what the work folders need to resume on another
-    machine (carried_files), logs gzipped; a run committed since is left out."""
+    machine (carried_files), logs gzipped as committed ones; a run committed since is left out."""
     with lock(c, s):
         files = carried_files(c, s)
         folder = os.path.join(c['root'], s.name, CARRY)
@@ -247,14 +244,17 @@ def carry(c, s):
                 shutil.rmtree(os.path.join(folder, name))
         size = 0
         for name, names in files.items():
-            dest = os.path.join(folder, name)
+            dest, kept = os.path.join(folder, name), {LOG if f == PLAIN_LOG else f for f in names}
             os.makedirs(dest, exist_ok=True)
-            for old in set(os.listdir(dest)) - {LOG if f == PLAIN_LOG else f for f in names}:
+            for old in set(os.listdir(dest)) - kept:
                 os.remove(os.path.join(dest, old))
             for f in names:
-                target = os.path.join(dest, LOG if f == PLAIN_LOG else f)
-                copy_file(os.path.join(work_of(c, s, name), f), target, zip=f == PLAIN_LOG)
-                size += os.path.getsize(target)
+                src = os.path.join(work_of(c, s, name), f)
+                if f == PLAIN_LOG:
+                    commit_log(src, dest)
+                else:
+                    copy_file(src, os.path.join(dest, f))
+            size += sum(os.path.getsize(os.path.join(dest, f)) for f in kept)
         if os.path.isdir(folder) and not os.listdir(folder):
             os.rmdir(folder)
     print(f"carried {len(files)} run(s) into {folder}/ ({size / 2 ** 20:.1f} MiB): commit it, and "
@@ -264,21 +264,20 @@ def carry(c, s):
 
 def uncarry(c, s):
     """Copy <root>/<name>/carry/ into the work folders where they lack it: a carried checkpoint
-    comes with its config and log, and never replaces a checkpoint already there."""
+    comes with its config and log, and never replaces a checkpoint already there; a kept
+    checkpoint (a branch's start) is copied where it is missing."""
     folder = os.path.join(c['root'], s.name, CARRY)
     committed = results_of(s, c['root'])[0]
     for name in (sorted(os.listdir(folder)) if os.path.isdir(folder) else []):
-        work, names = work_of(c, s, name), sorted(os.listdir(os.path.join(folder, name)))
+        src, work = os.path.join(folder, name), work_of(c, s, name)
         os.makedirs(work, exist_ok=True)
-        resume = 'ckpt.pt' in names and name not in committed
-        if resume and os.path.exists(os.path.join(work, 'ckpt.pt')):
-            resume = False  # this machine's own state is at least as far along
+        names = sorted(os.listdir(src))
+        resume = ('ckpt.pt' in names and name not in committed
+                  and not os.path.exists(os.path.join(work, 'ckpt.pt')))
         for f in names:
-            if f in ('ckpt.pt', 'config.json', LOG) and not resume:
-                continue
             target = os.path.join(work, PLAIN_LOG if f == LOG else f)
-            if f in ('ckpt.pt', 'config.json', LOG) or not os.path.exists(target):
-                copy_file(os.path.join(folder, name, f), target, unzip=f == LOG)
+            if resume if f in ('ckpt.pt', 'config.json', LOG) else not os.path.exists(target):
+                copy_file(os.path.join(src, f), target, unzip=f == LOG)
         if resume:
             print(f"{time.strftime('%H:%M:%S')} carried in {name}", flush=True)
 

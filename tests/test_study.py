@@ -529,10 +529,14 @@ def test_a_signal_stops_the_runner_and_its_runs_save_their_checkpoints(data_root
 
 
 def test_carry_takes_what_the_unfinished_runs_resume_from(tmp_path):
-    """v7 on the committed runs: seed 301's stable runs, stopped, carry their checkpoints; seed
-    302's baseline carries the checkpoint its unstarted 2x branch starts from, and none of a run
-    committed already (seed 301's 2x branch left its work folder behind)."""
-    s, work = load('v7'), tmp_path / 'work'
+    """v7 with its checks committed (seed 201's runs) and seed 301's 2x branch: seed 301's stable
+    runs, stopped, carry their checkpoints; seed 302's baseline carries the checkpoint its
+    unstarted 2x branch starts from, and none of a run committed already (seed 301's 2x branch
+    left its work folder behind)."""
+    s, work, root = load('v7'), tmp_path / 'work', tmp_path / 'experiments'
+    for run in P.run_folders(os.path.join(HERE, 'experiments'), 'v7'):
+        if run.endswith('_s201') or '_s201_' in run or run.endswith('wd0.1_s301_i2400'):
+            shutil.copytree(run, root / 'v7' / os.path.basename(run))
     stable = 'baseline_wsd_lr0.00283_wd0.1_s{}_i38400'
     for name, files in ((stable.format(301), ('ckpt.pt', 'config.json', 'log.jsonl')),
                         (stable.format(302), ('ckpt.pt', 'ckpt_1920.pt', 'log.jsonl')),
@@ -540,7 +544,7 @@ def test_carry_takes_what_the_unfinished_runs_resume_from(tmp_path):
         (work / 'out-v7' / name).mkdir(parents=True)
         for f in files:
             (work / 'out-v7' / name / f).write_text(f)
-    c = dict(root=os.path.join(HERE, 'experiments'), work_root=str(work))
+    c = dict(root=str(root), work_root=str(work))
     assert S.carried_files(c, s) == {stable.format(301): ['ckpt.pt', 'config.json', 'log.jsonl'],
                                      stable.format(302): ['ckpt.pt', 'ckpt_1920.pt',
                                                           'config.json', 'log.jsonl']}
