@@ -114,6 +114,7 @@ def lm_eval_scores(hf_dir, items_path, tmp_path):
 
 
 @pytest.mark.slow  # trains, exports and runs lm-eval (its import alone takes seconds)
+@pytest.mark.reference
 @pytest.mark.gpt2_bpe
 @pytest.mark.parametrize('name', ['baseline', 'reduced'])
 def test_choices_and_accuracies_equal_lm_evaluation_harness(tmp_path, name, capsys):
