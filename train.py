@@ -41,6 +41,7 @@ from kvgpt.data import Dataset, check_fits, check_same_data, open_or_prepare
 from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import UserError, fs_error, model_errors, run_main
+from kvgpt.signals import Interrupted, Signals
 from kvgpt.tracking import Record, open_trackers, wandb_run_id
 from model import GPT, QUERY_MODES, GPTConfig, upgrade_query
 
@@ -337,7 +338,7 @@ class Run:  # what the loop reads and changes, made by setup() below
     model: GPT  # the raw model: checkpoints, evaluation, probes
     step_model: torch.nn.Module  # the same, compiled and/or wrapped for DDP: the training steps
     optimizer: torch.optim.Optimizer
-    signals: distributed.Signals
+    signals: Signals
     state: LoopState  # the step, the best val loss, the scaler, the RNG: what a resume restores
     record: Record = None  # rank 0's config.json and log.jsonl
     probe: object = None  # the evaluation hook of the probe setting
@@ -363,7 +364,7 @@ def train_loop(run):
             t0 = time.time()
             try:
                 losses = all_ranks_evaluate(run)
-            except distributed.Interrupted:  # the state is the last step's, whole: save, stop
+            except Interrupted:  # the state is the last step's, whole: save, stop
                 return all_ranks_stop(run, nonfinite)
             improved = losses['val'] < state.best_val_loss
             state.best_val_loss = min(state.best_val_loss, losses['val'])
@@ -625,7 +626,7 @@ def train(c):
     lock = checkpoint.OutDirLock(c['out_dir']) if process.master else None
     run, t0 = None, time.time()
     try:
-        with distributed.Signals(process, c['out_dir']) as signals:
+        with Signals(process, c['out_dir']) as signals:
             # after the lock: the checkpoint cannot change under it
             c = dict(c, init_from=checkpoint.resolve_init(c, process.master))
             run = setup(c, process, signals)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from kvgpt import distributed
 from kvgpt.checkpoint import load_checkpoint
 from kvgpt.errors import UserError
+from kvgpt.signals import Signals
 import train
 from test_hellaswag import write_items
 from test_train import HERE, argv, free_port
@@ -65,7 +66,7 @@ def test_the_docstring_names_every_all_ranks_call_and_each_fails_clearly():
     assert {'all_ranks_save', 'all_ranks_evaluate', 'all_ranks_agree_to_stop'} <= used
     assert set(re.findall(r'\ball_ranks_\w+', train.__doc__)) == used
     for name in used:
-        function = getattr(train, name, None) or getattr(distributed.Signals, name)
+        function = getattr(train, name, None) or getattr(Signals, name)
         assert hasattr(function, '__wrapped__'), name  # @all_ranks
 
 

@@ -15,6 +15,7 @@ from kvgpt import distributed, files
 from kvgpt.checkpoint import load_checkpoint
 from kvgpt.data import Dataset, open_dataset
 from kvgpt.errors import UserError
+from kvgpt.signals import Interrupted
 from model import GPT, GPTConfig
 import train
 
@@ -344,7 +345,7 @@ def test_a_signal_during_eval_only_saves_nothing(data_root, tmp_path, monkeypatc
 
     def interrupted(run):  # SIGTERM in the middle of the evaluation
         os.kill(os.getpid(), signal.SIGTERM)  # the run's handler records it
-        raise distributed.Interrupted()
+        raise Interrupted()
     monkeypatch.setattr(train, 'all_ranks_evaluate', interrupted)
     with pytest.raises(SystemExit) as stopped:
         train.main(argv(data_root, tmp_path, max_iters=4, eval_interval=2, init_from='resume',
