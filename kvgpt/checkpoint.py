@@ -34,75 +34,6 @@ def save_checkpoint(ckpt, path, before_replace=None):
                       path) from None
 
 
-def write_failure(folder, free):
-    """The errno behind a write torch reports only as a RuntimeError: a read-only filesystem, a
-    folder this process may not write, a full disk, or else an I/O error."""
-    if os.path.isdir(folder) and os.statvfs(folder).f_flag & os.ST_RDONLY:
-        return errno.EROFS
-    if os.path.isdir(folder) and not os.access(folder, os.W_OK):
-        return errno.EACCES
-    return errno.ENOSPC if free < 2 ** 30 else errno.EIO
-
-
-def is_dict(value):
-    return isinstance(value, dict)
-
-
-def is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value):  # nanoGPT saves best_val_loss as a one-element tensor
-    return is_int(value) or isinstance(value, float) or (
-        torch.is_tensor(value) and value.numel() == 1)
-
-
-def is_rng(value):  # distributed.rng_states: one {'torch': state, ...} per rank
-    return isinstance(value, list) and all(
-        isinstance(state, dict) and torch.is_tensor(state.get('torch')) for state in value)
-
-
-def is_str(value):
-    return isinstance(value, str)
-
-
-def optional(test):
-    return lambda value: value is None or test(value)
-
-
-# what a reader takes from a checkpoint: key: (required, what it must be, its test). Every reader
-# makes the model (and sample.py decodes with meta's tokenizer); a resume, or a branch off a
-# checkpoint, also takes where the run stood. Keys that are not required may be missing: nanoGPT's
-# and converted checkpoints lack some.
-MODEL_KEYS = dict(model=(True, 'a dict', is_dict), model_args=(True, 'a dict', is_dict),
-                  meta=(False, 'a dict or None', optional(is_dict)))
-RESUME_KEYS = dict(
-    MODEL_KEYS, iter_num=(True, 'an int', is_int), best_val_loss=(True, 'a number', is_number),
-    optimizer=(False, 'a dict', is_dict), scaler=(False, 'a dict or None', optional(is_dict)),
-    rng=(False, 'a list of RNG states', is_rng),
-    tokens_seen=(False, 'an int or None', optional(is_int)),
-    config=(False, 'a dict or None', optional(is_dict)),
-    wandb_run_id=(False, 'a string or None', optional(is_str)))
-
-
-def check_keys(ckpt, path, keys):
-    """Every key of keys a reader takes, there (if required) and of its type, else one line that
-    names the key and the file."""
-    advice = "use another checkpoint (such as a kept ckpt_<step>.pt), or train again"
-    if not isinstance(ckpt, dict):
-        raise UserError(f"{path} holds a {type(ckpt).__name__}, not a kvgpt/nanoGPT checkpoint: "
-                        f"{advice}")
-    for key, (required, what, test) in keys.items():
-        if key not in ckpt:
-            if required:
-                raise UserError(f"{path} has no '{key}': it is damaged or not a kvgpt/nanoGPT "
-                                f"checkpoint; {advice}")
-        elif not test(ckpt[key]):
-            value = ckpt[key]
-            raise UserError(f"{path} is damaged: its '{key}' is a {type(value).__name__} "
-                            f"({repr(value)[:40]}), not {what}; {advice}")
-
-
 def load_checkpoint(path, map_location='cpu', mmap=False, resume=False):
     """weights_only=True: a checkpoint from someone else cannot run code on load. mmap=True
     reads tensors lazily (cheap when only model_args are wanted). Its keys are checked for the
@@ -136,25 +67,12 @@ def load_optimizer_state(optimizer, model, state, path):
     """Load a checkpoint's AdamW state into optimizer, once it is checked to fit model: a state
     of another model would fail at the first step, deep in torch; here it is one line naming the
     parameter."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    params = [p for group in optimizer.param_groups for p in group['params']]
-    saved = [i for group in state.get('param_groups', []) for i in group['params']]
-    advice = ("the checkpoint is damaged or its optimizer is another model's: resume from another "
-              "checkpoint, or keep its weights with a fresh AdamW: export them (python -m "
-              "tools.export) and start with --init_from=<the exported folder>")
-    if len(saved) != len(params):
-        raise UserError(f"{path}: its optimizer state holds {len(saved)} tensors for a model of "
-                        f"{len(params)}: {advice}")
-    for i, p in zip(saved, params):
-        for key, value in state.get('state', {}).get(i, {}).items():
-            if torch.is_tensor(value) and value.dim() > 0 and value.shape != p.shape:
-                raise UserError(f"{path}: its optimizer state does not fit its model ({key} of "
-                                f"{names.get(id(p), 'a parameter')} is {tuple(value.shape)}, the "
-                                f"parameter {tuple(p.shape)}): {advice}")
+    check_optimizer_fits(optimizer, model, state, path)
     try:
         optimizer.load_state_dict(state)
     except (ValueError, KeyError) as e:
-        raise UserError(f"{path}: its optimizer state cannot be loaded ({e}): {advice}") from None
+        raise UserError(f"{path}: its optimizer state cannot be loaded ({e}): "
+                        f"{OPTIMIZER_ADVICE}") from None
 
 
 # -----------------------------------------------------------------------------
@@ -253,3 +171,96 @@ def read_text(path):
             return f.read().strip()
     except OSError:
         return ''
+
+
+# -----------------------------------------------------------------------------
+# what each reader takes from a checkpoint, checked before it is used
+
+def is_dict(value):
+    return isinstance(value, dict)
+
+
+def is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value):  # nanoGPT saves best_val_loss as a one-element tensor
+    return is_int(value) or isinstance(value, float) or (
+        torch.is_tensor(value) and value.numel() == 1)
+
+
+def is_rng(value):  # distributed.RankRNG's: one {'torch': state, ...} per rank
+    return isinstance(value, list) and all(
+        isinstance(state, dict) and torch.is_tensor(state.get('torch')) for state in value)
+
+
+def is_str(value):
+    return isinstance(value, str)
+
+
+def optional(test):
+    return lambda value: value is None or test(value)
+
+
+# what a reader takes from a checkpoint: key: (required, what it must be, its test). Every reader
+# makes the model (and sample.py decodes with meta's tokenizer); a resume, or a branch off a
+# checkpoint, also takes where the run stood. Keys that are not required may be missing: nanoGPT's
+# and converted checkpoints lack some.
+MODEL_KEYS = dict(model=(True, 'a dict', is_dict), model_args=(True, 'a dict', is_dict),
+                  meta=(False, 'a dict or None', optional(is_dict)))
+RESUME_KEYS = dict(
+    MODEL_KEYS, iter_num=(True, 'an int', is_int), best_val_loss=(True, 'a number', is_number),
+    optimizer=(False, 'a dict', is_dict), scaler=(False, 'a dict or None', optional(is_dict)),
+    rng=(False, 'a list of RNG states', is_rng),
+    tokens_seen=(False, 'an int or None', optional(is_int)),
+    config=(False, 'a dict or None', optional(is_dict)),
+    wandb_run_id=(False, 'a string or None', optional(is_str)))
+
+
+def check_keys(ckpt, path, keys):
+    """Every key of keys a reader takes, there (if required) and of its type, else one line that
+    names the key and the file."""
+    advice = "use another checkpoint (such as a kept ckpt_<step>.pt), or train again"
+    if not isinstance(ckpt, dict):
+        raise UserError(f"{path} holds a {type(ckpt).__name__}, not a kvgpt/nanoGPT checkpoint: "
+                        f"{advice}")
+    for key, (required, what, test) in keys.items():
+        if key not in ckpt:
+            if required:
+                raise UserError(f"{path} has no '{key}': it is damaged or not a kvgpt/nanoGPT "
+                                f"checkpoint; {advice}")
+        elif not test(ckpt[key]):
+            value = ckpt[key]
+            raise UserError(f"{path} is damaged: its '{key}' is a {type(value).__name__} "
+                            f"({repr(value)[:40]}), not {what}; {advice}")
+
+
+def write_failure(folder, free):
+    """The errno behind a write torch reports only as a RuntimeError: a read-only filesystem, a
+    folder this process may not write, a full disk, or else an I/O error."""
+    if os.path.isdir(folder) and os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return errno.EROFS
+    if os.path.isdir(folder) and not os.access(folder, os.W_OK):
+        return errno.EACCES
+    return errno.ENOSPC if free < 2 ** 30 else errno.EIO
+
+
+OPTIMIZER_ADVICE = ("the checkpoint is damaged or its optimizer is another model's: resume from "
+                    "another checkpoint, or keep its weights with a fresh AdamW: export them "
+                    "(python -m tools.export) and start with --init_from=<the exported folder>")
+
+
+def check_optimizer_fits(optimizer, model, state, path):
+    """An AdamW state of as many tensors as optimizer's, each of its parameter's shape."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    params = [p for group in optimizer.param_groups for p in group['params']]
+    saved = [i for group in state.get('param_groups', []) for i in group['params']]
+    if len(saved) != len(params):
+        raise UserError(f"{path}: its optimizer state holds {len(saved)} tensors for a model of "
+                        f"{len(params)}: {OPTIMIZER_ADVICE}")
+    for i, p in zip(saved, params):
+        for key, value in state.get('state', {}).get(i, {}).items():
+            if torch.is_tensor(value) and value.dim() > 0 and value.shape != p.shape:
+                raise UserError(f"{path}: its optimizer state does not fit its model ({key} of "
+                                f"{names.get(id(p), 'a parameter')} is {tuple(value.shape)}, the "
+                                f"parameter {tuple(p.shape)}): {OPTIMIZER_ADVICE}")
