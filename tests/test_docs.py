@@ -126,21 +126,23 @@ def test_the_root_holds_the_cards_scripts_and_the_shared_modules_sit_in_kvgpt():
     # every shared module is named for what it holds, one hop from the scripts
     assert sorted(f for f in os.listdir(os.path.join(HERE, 'kvgpt')) if f.endswith('.py')) == [
         '__init__.py', 'checkpoint.py', 'config.py', 'data.py', 'device.py', 'distributed.py',
-        'errors.py', 'files.py', 'tokenizer.py', 'tracking.py']
+        'errors.py', 'files.py', 'signals.py', 'tokenizer.py', 'tracking.py']
 
 
 def test_each_job_lives_in_the_module_named_for_it_and_train_py_does_none_of_them_itself():
     """The process group starts in kvgpt/distributed.py, the checkpoint is written in
     kvgpt/checkpoint.py, Dataset lives in kvgpt/data.py, the typed keys are parsed in
-    kvgpt/config.py; train.py calls them and does none of these itself."""
-    from kvgpt import checkpoint, config, data, distributed
+    kvgpt/config.py, the signal handlers are set in kvgpt/signals.py; train.py calls them and does
+    none of these itself."""
+    from kvgpt import checkpoint, config, data, distributed, signals
     assert 'init_process_group' in inspect.getsource(distributed.setup_distributed)
+    assert 'signal.signal(' in inspect.getsource(signals.Signals)
     assert 'torch.save' in inspect.getsource(checkpoint.save_checkpoint)
     assert data.Dataset.__module__ == 'kvgpt.data'
     assert 'check_value' in inspect.getsource(config.parse_config)
     train_py = open(os.path.join(HERE, 'train.py')).read()
     for own in ('init_process_group', 'torch.save(', 'np.memmap', 'def parse_config',
-                'def check_value', 'class Dataset'):
+                'def check_value', 'class Dataset', 'signal.signal('):
         assert own not in train_py, own
     assert 'prepare' not in imports_of(os.path.join(HERE, 'train.py'))  # reads bins, never writes
 
