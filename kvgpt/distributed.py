@@ -83,25 +83,6 @@ def close(process, finished):
     dist.destroy_process_group()
 
 
-def restart_store(world):
-    """The store for the process group's handshake, or None for torchrun's own. torchrun's agent
-    keeps one store for all restarts, so a restarted round's gloo or NCCL handshake can read the
-    previous round's addresses and fail with 'Connection refused' (pytorch/pytorch#135712): each
-    round gets keys of its own. On one node every worker's restart count names the round. Across
-    nodes the agents' counts can differ (pytorch/pytorch#108158), so there the round is counted in
-    the store itself: every rank of a round adds 1 to one key as it starts, so the first round's
-    ranks read 1..world, the next round's world+1..2 world, and so on, on every node alike."""
-    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True':
-        return None  # torchrun's store is fresh for every round (or there is no torchrun)
-    store = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world,
-                          is_master=False)
-    if os.environ.get('GROUP_WORLD_SIZE', '1') == '1':
-        generation = os.environ['TORCHELASTIC_RESTART_COUNT']
-    else:
-        generation = (store.add('kvgpt/ranks_started', 1) - 1) // world
-    return dist.PrefixStore(f"kvgpt/restart_{generation}", store)
-
-
 # -----------------------------------------------------------------------------
 # collectives: calls every rank must make, in the same order
 
@@ -190,3 +171,25 @@ class RankRNG:
             torch.set_rng_state(states[process.rank]['torch'])
             if 'cuda' in states[process.rank] and process.device.startswith('cuda'):
                 torch.cuda.set_rng_state(states[process.rank]['cuda'], process.device)
+
+
+# -----------------------------------------------------------------------------
+# torchrun's elastic restarts
+
+def restart_store(world):
+    """The store for the process group's handshake, or None for torchrun's own. torchrun's agent
+    keeps one store for all restarts, so a restarted round's gloo or NCCL handshake can read the
+    previous round's addresses and fail with 'Connection refused' (pytorch/pytorch#135712): each
+    round gets keys of its own. On one node every worker's restart count names the round. Across
+    nodes the agents' counts can differ (pytorch/pytorch#108158), so there the round is counted in
+    the store itself: every rank of a round adds 1 to one key as it starts, so the first round's
+    ranks read 1..world, the next round's world+1..2 world, and so on, on every node alike."""
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True':
+        return None  # torchrun's store is fresh for every round (or there is no torchrun)
+    store = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world,
+                          is_master=False)
+    if os.environ.get('GROUP_WORLD_SIZE', '1') == '1':
+        generation = os.environ['TORCHELASTIC_RESTART_COUNT']
+    else:
+        generation = (store.add('kvgpt/ranks_started', 1) - 1) // world
+    return dist.PrefixStore(f"kvgpt/restart_{generation}", store)
