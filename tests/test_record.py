@@ -297,7 +297,7 @@ def test_a_second_ctrl_c_stops_at_once_and_keeps_the_checkpoint(data_root, tmp_p
 
 def test_the_first_signal_asks_for_a_save_and_a_second_exits_at_once(monkeypatch, capsys):
     exits = []
-    monkeypatch.setattr(distributed.os, '_exit', exits.append)
+    monkeypatch.setattr(os, '_exit', exits.append)
     signals = Signals(distributed.Dist(False, 0, 1, 'cpu'), 'out')
     signals.arrived(signal.SIGINT)
     assert signals.number == signal.SIGINT and exits == []
