@@ -125,7 +125,10 @@ def resolution(se, df, alpha, power=0.8):
     # nct.sf of the negated noncentrality is the lower tail (scipy's nct.cdf is NaN far out)
     reach = lambda gap: (stats.nct.sf(crit, df, gap / se) + stats.nct.sf(crit, df, -gap / se)
                          - power)
-    return optimize.brentq(reach, 0.0, (crit + stats.norm.ppf(power) + 10) * se)
+    top = (crit + stats.norm.ppf(power) + 10) * se
+    while reach(top) < 0:  # two seeds at a Holm level: the power grows slowly, the gap is far out
+        top *= 2
+    return optimize.brentq(reach, 0.0, top)
 
 
 def holm(pvalues):

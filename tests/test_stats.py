@@ -80,6 +80,12 @@ def test_resolution_is_the_gap_a_t_test_detects_with_80_percent_power():
         # the usual (t_crit + t_0.8) * se understates it
         assert gap > (crit + scipy_stats.t.ppf(0.8, n - 1)) * sd / n ** 0.5
     assert round(stats.resolution(2.52 / 8 ** 0.5, 7, 0.025), 2) == 3.37  # v4's 4x pair
+    # two seeds at 0.05/5 (one df): the power needs a gap of about 81 standard errors
+    gap = stats.resolution(1.0, 1, 0.01)
+    crit = scipy_stats.t.ppf(0.995, 1)
+    assert gap > 75
+    assert scipy_stats.nct.sf(crit, 1, gap) + scipy_stats.nct.sf(crit, 1, -gap) == \
+        pytest.approx(0.8)
     assert math.isnan(stats.resolution(0.1, 0, 0.05))
 
 
