@@ -6,6 +6,7 @@ before anything trusts it. prepare.py makes the bins from a corpus; nothing here
 """
 
 import glob
+import hashlib
 import os
 import subprocess
 import sys
@@ -320,10 +321,14 @@ def check_fits(meta, vocab_size, model_block, block_size):
 
 def check_same_data(saved, meta, checkpoint, data_dir):
     """A resume continues on the data its checkpoint was trained on: saved is the meta.json the
-    checkpoint recorded (nanoGPT's and converted checkpoints record none)."""
+    checkpoint recorded (nanoGPT's and converted checkpoints record none). The bins' digests are
+    compared where both record them (data prepared before they were recorded has none)."""
     differ = [f"{k} {saved.get(k)!r} != {meta.get(k)!r}" for k in
               ('tokenizer', 'vocab_size', 'dtype', 'train_tokens', 'val_tokens')
               if saved and saved.get(k) != meta.get(k)]
+    if not differ and saved and 'digests' in saved and 'digests' in meta:
+        differ = [f"{s}.bin's content differs (the same {meta[f'{s}_tokens']:,} tokens)"
+                  for s in SPLITS if saved['digests'].get(s) != meta['digests'].get(s)]
     if differ:
         raise UserError(f"{checkpoint} was trained on other data than {data_dir} "
                         f"({', '.join(differ)}): resume on the data it was trained on, or start "
@@ -344,6 +349,7 @@ def write_dataset(out_dir, meta, write):
     target = out_dir  # what a failure names when the OSError does not: the bins, while written
     try:
         write({s: staged[f'{s}.bin'] for s in SPLITS})
+        meta['digests'] = {s: file_digest(staged[f'{s}.bin']) for s in SPLITS}
         target = final['meta.json']
         write_json(staged['meta.json'], meta)
         target = out_dir
@@ -359,6 +365,16 @@ def write_dataset(out_dir, meta, write):
     print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
           f"({meta['tokenizer']}, {meta['dtype']})")
     return meta
+
+
+def file_digest(path):
+    """A bin's BLAKE2b digest, in hex: meta.json records it, so that a resume on other data of
+    the same size is refused (check_same_data). One sequential read, after the bin is written."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(2 ** 24), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def swap_in(staged, final):

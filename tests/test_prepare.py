@@ -1,4 +1,5 @@
 import errno
+import hashlib
 import json
 import mmap
 import os
@@ -57,6 +58,9 @@ def test_bins_decode_to_source_documents(tmp_path, tokenizer):
     for s in ('train', 'val'):
         n = os.path.getsize(out / f'{s}.bin') // np.dtype(on_disk['dtype']).itemsize
         assert on_disk[f'{s}_tokens'] == n
+        # the content too, so that a resume on other bins of the same size is refused
+        digest = hashlib.blake2b((out / f'{s}.bin').read_bytes(), digest_size=16).hexdigest()
+        assert on_disk['digests'][s] == digest
     # the BPE, not bytes: '<|endoftext|>' in text is ordinary text, never token 50256
     if tokenizer == 'gpt2':
         ids = np.fromfile(out / 'train.bin', dtype=np.uint16)

@@ -13,7 +13,7 @@ import torch
 
 from kvgpt import distributed, files
 from kvgpt.checkpoint import load_checkpoint
-from kvgpt.data import Dataset, open_dataset
+from kvgpt.data import Dataset, file_digest, open_dataset
 from kvgpt.errors import UserError
 from kvgpt.signals import Interrupted
 from model import GPT, GPTConfig
@@ -674,6 +674,27 @@ def test_resume_on_other_data_is_refused(data_root, tmp_path):
                                         rf"{tmp_path / 'data'}/tiny "
                                         rf"\(train_tokens {n} != {n // 2}\)"):
         run(str(tmp_path / 'data'), tmp_path / 'run', init_from='auto', max_iters=4)
+
+
+def test_resume_on_other_data_of_the_same_size_is_refused(data_root, tmp_path):
+    run(data_root, tmp_path / 'run', max_iters=2, eval_interval=2)
+    other = tmp_path / 'data' / 'tiny'
+    shutil.copytree(os.path.join(data_root, 'tiny'), other)
+    meta = json.loads((other / 'meta.json').read_text())
+    tokens = np.fromfile(other / 'train.bin', dtype=meta['dtype'])
+    tokens[::-1].tofile(other / 'train.bin')  # the same tokens in another order, re-prepared:
+    meta['digests']['train'] = file_digest(other / 'train.bin')
+    (other / 'meta.json').write_text(json.dumps(meta))
+    n = meta['train_tokens']
+    with pytest.raises(UserError, match=rf"ckpt.pt was trained on other data than "
+                                        rf"{tmp_path / 'data'}/tiny \(train.bin's content "
+                                        rf"differs \(the same {n:,} tokens\)\)"):
+        run(str(tmp_path / 'data'), tmp_path / 'run', init_from='auto', max_iters=4)
+    del meta['digests']  # a meta.json written before digests were recorded: counts alone
+    (other / 'meta.json').write_text(json.dumps(meta))
+    (other / 'train.bin').write_bytes(open(os.path.join(data_root, 'tiny', 'train.bin'),
+                                           'rb').read())
+    assert run(str(tmp_path / 'data'), tmp_path / 'run', init_from='auto', max_iters=4)
 
 
 def change_data(data_dir, source, how):
