@@ -1472,7 +1472,9 @@ def wsd_trend_table(ctx, pair, seeds, budgets, steps_1x, margin, beside, paper=4
         f"{r['mean'] + half:+.3f}] (95%, {len(slopes)} seeds), t p {fmt_p(r['p_t'])}; TOST at "
         f"±{margin:g} p {fmt_p(r['p_tost'])}; resolution {resolution:.2f} (80% power, 0.05); "
         f"the data support |slope| < {supported:.2f} (one-sided 95%). "
-        f"By the design's rule: **{word}**.")
+        + (f"By the design's rule: **{word}**." if len(slopes) == len(seeds) else
+           f"Interim, {len(slopes)} of {len(seeds)} seeds: the design's rule is read at all of "
+           f"them (now: {word})."))
     return text + '\n\n' + extrapolation(ctx, pair, series, slopes, budgets, steps_1x, half,
                                          paper) + beside_note(ctx, pair, seeds, beside,
                                                               steps_1x)

@@ -542,6 +542,10 @@ def test_the_wsd_trend_is_each_seeds_slope_per_doubling_and_its_crossing_extrapo
     flat = Wsd(lambda seed, n: 1.0 + 0.01 * (seed - 2) * math.log2(n), (1, 2, 3), ALL)
     text = tables.wsd_trend_table(flat, ('arm', 'ref'), (1, 2, 3), FIT, STEPS_1X, 0.25, 2)
     assert "**not closing**" in text and "never ahead" in text
+    # with seeds still out the rule's word is an interim one, not a verdict
+    text = tables.wsd_trend_table(ctx, ('arm', 'ref'), (1, 2, 3, 4), FIT, STEPS_1X, 0.25, 2)
+    assert "Interim, 3 of 4 seeds: the design's rule is read at all of them (now: closing)." \
+        in text and '**' not in text
     waiting = Wsd(gap, (1,), ALL)
     assert tables.wsd_trend_table(waiting, ('arm', 'ref'), (1, 2, 3), FIT, STEPS_1X, 0.25, 2) \
         == "Not yet: 1 of 3 seeds have every budget of the fit.\n"
