@@ -53,10 +53,8 @@ def read_json(path, what):
                         ) from None
 
 
-def read_jsonl(path):
-    """The entries of a JSON-lines log, without a last line cut short by a crash (or ending in
-    bytes that are not text); a damaged line before the last is one line of error. A path ending
-    in .gz is read through gzip (the lab commits a finished run's log compressed)."""
+def read_lines(path):
+    """A file's lines as bytes, through gzip where its name ends in .gz."""
     data = pathlib.Path(path).read_bytes()
     if str(path).endswith('.gz'):
         try:
@@ -64,7 +62,14 @@ def read_jsonl(path):
         except (EOFError, OSError, zlib.error) as e:  # cut short, or not gzip at all
             raise UserError(f"{path} is not a whole gzip file ({e}): restore it from git"
                             ) from None
-    lines = data.splitlines()
+    return data.splitlines()
+
+
+def read_jsonl(path):
+    """The entries of a JSON-lines log, without a last line cut short by a crash (or ending in
+    bytes that are not text); a damaged line before the last is one line of error. A path ending
+    in .gz is read through gzip (the lab commits a finished run's log compressed)."""
+    lines = read_lines(path)
     entries = []
     for n, line in enumerate(lines, 1):
         try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from bench import variant_settings
 from kvgpt.config import parse_value
 from kvgpt.errors import UserError
-from kvgpt.files import read_json, read_jsonl, write_gzip, write_text
+from kvgpt.files import read_json, read_jsonl, read_lines, write_gzip, write_text
 from model import GPTConfig, upgrade_query
 import train
 
@@ -459,8 +459,18 @@ def last_evaluation(folder):
     if not (os.path.exists(config_path) and log_path):
         return None
     max_iters = read_json(config_path, 'config.json')['max_iters']
-    return next((e['val_loss_full'] for e in reversed(read_jsonl(log_path))
-                 if e.get('iter') == max_iters and 'val_loss_full' in e), None)
+    # from the end, parsing only the evaluations: a 32x log has ~4,000 step lines before it
+    for line in reversed(read_lines(log_path)):
+        if b'"val_loss_full"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:  # cut short by a crash, or damaged: read_jsonl tells which
+            return next((e['val_loss_full'] for e in reversed(read_jsonl(log_path))
+                         if e.get('iter') == max_iters and 'val_loss_full' in e), None)
+        if entry.get('iter') == max_iters:
+            return entry['val_loss_full']
+    return None
 
 
 def run_finished(folder):

@@ -327,6 +327,24 @@ def test_a_finished_run_is_committed_with_its_log_gzipped_the_same_bytes_every_t
     assert made[0][3:8] == bytes(5) and made[0] == made[1]
 
 
+def test_a_runs_final_loss_is_its_full_val_loss_at_max_iters_and_nothing_else(tmp_path):
+    line = lambda **e: json.dumps(e).encode() + b'\n'
+    (tmp_path / 'config.json').write_text(json.dumps(dict(max_iters=10)))
+    log = tmp_path / 'log.jsonl'
+    steps = line(iter=0, val_loss=5.0, val_loss_full=5.1) + line(iter=5, loss=4.5)
+    final = line(iter=10, val_loss=4.1, val_loss_full=4.0)
+    for text, loss in ((steps + final, 4.0),
+                       (steps + final + line(iter=10, loss=3.9), 4.0),  # lines after it
+                       (steps, None),  # stopped before max_iters: its earlier one is not final
+                       (steps + final[:-3], None)):  # the final one cut short by a crash
+        log.write_bytes(text)
+        assert P.final_loss(str(tmp_path)) == loss, text
+    # an evaluation damaged before the end, met on the way back to the final one
+    log.write_bytes(steps + final + final[:-3] + b'\n' + line(iter=10, loss=3.9))
+    with pytest.raises(P.UserError, match=r"log.jsonl is damaged at line 4 of 5"):
+        P.final_loss(str(tmp_path))
+
+
 def test_collect_gzips_the_plain_logs_an_older_runner_committed(tmp_path, capsys):
     s, root = load('v3'), str(tmp_path / 'experiments')
     fill(s, root, lambda run: run.seed < 300)  # tuning's runs, as plain log.jsonl
