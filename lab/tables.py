@@ -515,11 +515,11 @@ def unpaired_tests(ctx, c, margin):
 
 
 def decision_row(name, r, outside=False):
-    """One comparison's row; outside the family its name says so, unadjusted, and its verdict
-    word is plain: a bold verdict is the family's alone."""
+    """One comparison's row; outside the family its name says so, unadjusted, and it has no
+    verdict word: a verdict is the family's alone (its interval and p say what it shows)."""
     name += ', unpaired' if r.get('unpaired') else ''
     name += ' (outside the family, unadjusted)' if outside else ''
-    verdict = f"{r['verdict']}" if outside else f"**{r['verdict']}**"
+    verdict = "– (outside the family)" if outside else f"**{r['verdict']}**"
     if r.get('unpaired'):  # the gap of the two arms' means, with its standard error
         return (f"| {name} | {r['n']} + {r['n_ref']} | {pct(r['mean'])} (se "
                 f"{r['se']:.2f}%) | [{pct(r['mean'] - r['half'])}, {pct(r['mean'] + r['half'])}] "

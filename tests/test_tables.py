@@ -242,7 +242,9 @@ def test_an_unpaired_comparison_is_read_by_welch_with_the_paired_reading_beside_
     outside = next(line for line in rows
                    if line.startswith("| f' x − y, unpaired (outside the family, unadjusted) |"))
     assert outside.split(' | ')[1:3] == welch.split(' | ')[1:3]  # Welch's gap, as declared
-    assert paired.endswith('| worse |') and outside.endswith('| worse |')  # no bold outside
+    # no verdict word outside the family, bold or plain
+    assert paired.endswith('| – (outside the family) |') and \
+        outside.endswith('| – (outside the family) |')
 
 
 def test_the_tokens_table_gives_each_budgets_paired_and_unpaired_gap_and_waits_for_seeds():
