@@ -303,7 +303,7 @@ def onset_gaps_figure(ctx, path, comparison, threshold):
 
 def wsd_gaps_figure(ctx, path, pair, seeds, budgets, steps_1x, fit):
     """The paired gap against the tokens, each seed a grey line, the mean with its 95% interval,
-    and the line fitted to the mean over the `fit` budgets."""
+    and the trend table's line over the `fit` budgets (the seeds that have every one of them)."""
     series = {b: tables.wsd_gaps(ctx, pair, seeds, b * steps_1x) for b in budgets}
     if any(len(g) < 2 for g in series.values()):
         return None
@@ -313,15 +313,19 @@ def wsd_gaps_figure(ctx, path, pair, seeds, budgets, steps_1x, fit):
     fig, ax = report.pyplot().subplots(figsize=(7, 4.5))
     lines = [[(tokens[b], series[b][seed]) for b in budgets if seed in series[b]]
              for seed in seeds]
-    found = seeds_and_mean(ax, lines, [tokens[b] for b in budgets],
-                           [list(series[b].values()) for b in budgets],
-                           report.variant_color(pair[0]))
-    xs = [math.log2(b) for b in fit]
-    means = [m for b, (m, _, _) in zip(budgets, found) if b in fit]
-    b, mean_x = stats.slope(xs, means), sum(xs) / len(xs)
-    line = [sum(means) / len(means) + b * (x - mean_x) for x in xs]
-    ax.plot([tokens[f] for f in fit], line, color='black', ls='--', lw=1,
-            label=f"fitted over {fit[0]:g}×–{fit[-1]:g}×: {b:+.2f} points per doubling")
+    seeds_and_mean(ax, lines, [tokens[b] for b in budgets],
+                   [list(series[b].values()) for b in budgets], report.variant_color(pair[0]))
+    # The line is the trend table's: fitted over the seeds that have every budget of the fit, so
+    # that its slope is the table's mean slope while seeds are still coming in.
+    fitted, slopes = tables.wsd_slopes(ctx, pair, seeds, fit, steps_1x)
+    if fitted:
+        xs = [math.log2(b) for b in fit]
+        means = [sum(g[i] for g in fitted.values()) / len(fitted) for i in range(len(fit))]
+        b, mean_x = sum(slopes.values()) / len(slopes), sum(xs) / len(xs)
+        line = [sum(means) / len(means) + b * (x - mean_x) for x in xs]
+        ax.plot([tokens[f] for f in fit], line, color='black', ls='--', lw=1,
+                label=f"fitted over {fit[0]:g}×–{fit[-1]:g}× ({len(fitted)} seeds with every "
+                      f"budget): {b:+.2f} points per doubling")
     ax.set(xscale='log', xlabel='byte tokens', ylabel=f'{pair[0]} − {pair[1]} (% of val loss)',
            title='paired gap against the tokens: cooldown branches of one WSD run per seed')
     ax.legend(fontsize=8)

@@ -553,6 +553,32 @@ def test_the_wsd_trend_is_each_seeds_slope_per_doubling_and_its_crossing_extrapo
         == "Not yet: 1 of 3 seeds have every budget of the fit.\n"
 
 
+def test_the_v7_figures_line_is_the_trend_tables_over_the_seeds_with_every_budget(monkeypatch,
+                                                                                  tmp_path):
+    """Seeds 1 and 2 have every budget (slopes -0.5 and -0.6); seed 3 lacks 32x and sits 3 points
+    higher. The figure draws seed 3 but fits its line as the table does, over seeds 1 and 2: a
+    mean over whichever seeds each budget has would bend the line by seed 3's absence at 32x."""
+    from lab import figures, report
+    slopes = {1: -0.5, 2: -0.6, 3: -0.5}
+    gap = lambda seed, n: 2.0 + 3.0 * (seed == 3) + slopes[seed] * (math.log2(n / STEPS_1X) - 2)
+    ctx = Wsd(gap, (1, 2, 3), ALL)
+    from lab import plan
+    for a in ('arm', 'ref'):
+        del ctx.results[plan.Run(a, 1e-3, 0.1, 3, steps=32 * STEPS_1X).name]
+    drawn = {}
+    monkeypatch.setattr(report, 'save_figure', lambda fig, path: drawn.update(fig=fig))
+    assert figures.wsd_gaps_figure(ctx, str(tmp_path / 'f.png'), ('arm', 'ref'), (1, 2, 3),
+                                   (2, *FIT), STEPS_1X, FIT)
+    ax = drawn['fig'].axes[0]
+    fitted = [line for line in ax.get_lines() if line.get_linestyle() == '--']
+    assert [line.get_label() for line in fitted] == [
+        "fitted over 4×–32× (2 seeds with every budget): -0.55 points per doubling"]
+    # through the two seeds' mean: +2.00% at 4x, falling 0.55 a doubling
+    assert [round(y, 6) for y in fitted[0].get_ydata()] == [2.0, 1.45, 0.9, 0.35]
+    assert sum(1 for line in ax.get_lines() if line.get_color() == 'grey') == 3
+    report.pyplot().close(drawn['fig'])
+
+
 def test_a_line_crosses_zero_ahead_only_when_it_slopes_against_the_gaps_sign():
     assert tables.crossing_budget(2.0, 3.5, -0.5) == 7.5
     assert tables.crossing_budget(2.0, 3.5, 0.5) is None
