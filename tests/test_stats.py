@@ -49,9 +49,10 @@ def test_sign_flip_p_equals_counting_every_pattern_one_by_one():
 
 
 def test_spearmans_exact_p_counts_every_pairing_ties_included():
-    """Against the n! pairings enumerated, each one's rho from scipy; and by hand: four points
-    in order reach |rho| = 1 only in their order and its reverse, 2 of 24."""
-    from scipy.stats import spearmanr
+    """Against the n! pairings enumerated, each one's rho the Pearson correlation of mid-ranks
+    (scipy's spearmanr on the observed pairing and a few others); and by hand: four points in
+    order reach |rho| = 1 only in their order and its reverse, 2 of 24."""
+    from scipy.stats import rankdata, spearmanr
     rng = random.Random(0)
     assert stats.spearman_p([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(2 / 24)
     for n in range(4, 8):
@@ -61,9 +62,13 @@ def test_spearmans_exact_p_counts_every_pairing_ties_included():
             if len(set(xs)) < 2 or len(set(ys)) < 2:
                 continue
             observed = abs(spearmanr(xs, ys)[0])
-            rhos = [abs(spearmanr(xs, [ys[i] for i in p])[0])
-                    for p in itertools.permutations(range(n))]
-            hits = sum(r >= observed - 1e-9 for r in rhos)
+            rx, ry = rankdata(xs), rankdata(ys)[list(itertools.permutations(range(n)))]
+            rx, ry = rx - rx.mean(), ry - ry.mean(axis=1, keepdims=True)
+            rhos = np.abs(ry @ rx / np.sqrt((ry ** 2).sum(axis=1) * (rx ** 2).sum()))
+            for k in (0, 1, len(rhos) - 1):  # numpy's rho is scipy's
+                pairing = list(itertools.permutations(range(n)))[k]
+                assert rhos[k] == pytest.approx(abs(spearmanr(xs, [ys[i] for i in pairing])[0]))
+            hits = int((rhos >= observed - 1e-9).sum())
             assert stats.spearman_p(xs, ys) == pytest.approx(hits / len(rhos)), (xs, ys)
 
 
