@@ -94,7 +94,8 @@ KEYS = {**keys(
     decay_lr=(True, "False: the peak learning rate throughout"),
     lr_schedule=('cosine', "cosine, or wsd (warmup-stable-decay)", Kind(str, ('cosine', 'wsd'))),
     warmup_iters=(2000, "linear warmup steps"),
-    lr_decay_iters=(600000, "the cosine reaches min_lr here (past max_iters: it ends before)"),
+    lr_decay_iters=(600000, "the cosine reaches min_lr here (past max_iters: it ends before); "
+                    "None: at max_iters, whatever sets it", Kind(int, optional=True)),
     min_lr=(6e-5, "the floor: the cosine's, or where the wsd cooldown ends"),
     cooldown_frac=(0.2, "wsd: the last fraction of max_iters that cools down from the peak"),
     cooldown_shape=('linear', "wsd: linear, or 1-sqrt", Kind(str, ('linear', '1-sqrt'))),
@@ -226,9 +227,10 @@ def get_lr(it, c):
         progress = min(1.0, (it - start) / max(1, c['max_iters'] - start))
         cool = progress if c['cooldown_shape'] == 'linear' else math.sqrt(progress)
         return c['learning_rate'] - cool * (c['learning_rate'] - c['min_lr'])
-    if it > c['lr_decay_iters']:
+    horizon = c['max_iters'] if c['lr_decay_iters'] is None else c['lr_decay_iters']
+    if it > horizon:
         return c['min_lr']
-    ratio = (it - c['warmup_iters']) / max(1, c['lr_decay_iters'] - c['warmup_iters'])
+    ratio = (it - c['warmup_iters']) / max(1, horizon - c['warmup_iters'])
     cosine = 0.5 * (1.0 + math.cos(math.pi * ratio))
     return c['min_lr'] + cosine * (c['learning_rate'] - c['min_lr'])
 

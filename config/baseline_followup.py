@@ -8,5 +8,5 @@ weight_decay = 0.1  # "weight_decay": 0.1
 min_lr = 6e-5  # "min_lr": 6e-5
 warmup_iters = 2000  # "warmup_iters": 2000
 max_iters = 60002  # "max_iters": 60002
-lr_decay_iters = 60002  # "lr_decay_iters": 60002: a full cosine to min_lr
+lr_decay_iters = None  # "lr_decay_iters": 60002, max_iters: a full cosine to min_lr at max_iters
 keep_checkpoints = (50000,)  # "save_checkpoint_steps": the steps of it inside the run

@@ -15,6 +15,7 @@ weight_decay = 2 ** -5  # "weight_decay": 2**-5
 min_lr = 3e-5  # "min_lr": 3e-5
 warmup_iters = 2000  # "warmup_iters": 2000
 max_iters = 60002  # "max_iters": 60002, about 29.5B tokens at 491,520 tokens per step
-# "lr_decay_iters": 60002: a full cosine to min_lr, not the first paper's 600k horizon
-lr_decay_iters = 60002
+# "lr_decay_iters": 60002, max_iters: a full cosine to min_lr at max_iters, not the first paper's
+# 600k horizon
+lr_decay_iters = None
 keep_checkpoints = (50000,)  # "save_checkpoint_steps": the steps of it inside the run

@@ -12,6 +12,6 @@ tie_weights = False
 learning_rate = 1e-3
 min_lr = 1e-4
 max_iters = 600
-lr_decay_iters = 600
+lr_decay_iters = None  # the cosine ends at max_iters
 eval_iters = 20
 log_interval = 50

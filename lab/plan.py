@@ -365,8 +365,8 @@ def train_args(s, run, base, work, logging=None, init_from='auto'):
             f'--data_seed={run.seed}', f'--out_dir={work}']
     if run.budget != 1:  # the same schedule shape: warmup and horizon scale with the steps
         at = dict(base, **s.arm(run.arm).get('settings', {}))
-        args += [f"--{k}={max(1, round(at[k] * run.budget))}"
-                 for k in ('max_iters', 'warmup_iters', 'lr_decay_iters')]
+        args += [f"--{k}={max(1, round(at[k] * run.budget))}"  # None: lr_decay_iters follows
+                 for k in ('max_iters', 'warmup_iters', 'lr_decay_iters') if at[k] is not None]
     if run.steps:
         args.append(f'--max_iters={run.steps}')
     if run.init_std:
@@ -539,9 +539,12 @@ def comparable(config):
     eval_windows='fixed', the one behaviour there is now: the same settings as today's. A model
     value the code derives (the softmax scale, the MLP width, the query rank, the KV heads, the
     init std) is compared as derived, and the choice it is derived from through it, so a run
-    whose config file wrote the value out matches one whose file states the choice."""
+    whose config file wrote the value out matches one whose file states the choice; so is the
+    cosine's horizon, where lr_decay_iters None leaves it at max_iters."""
     config = json.loads(json.dumps(config))
     derived = derived_model(config)
+    if 'lr_decay_iters' in config and config['lr_decay_iters'] is None:
+        config['lr_decay_iters'] = config['max_iters']
     for key in ('out_dir', 'init_from', 'model_args', 'params', 'eval_windows', 'wandb_run_name',
                 *DERIVED_FROM):
         config.pop(key, None)

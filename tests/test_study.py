@@ -379,6 +379,16 @@ def test_v4_reuses_v3s_runs_only_where_the_commands_agree(tmp_path):
                        'experiments')
 
 
+def test_a_cosine_horizon_left_to_max_iters_matches_one_written_out():
+    """config/small.py now leaves lr_decay_iters None; a run committed when it said 1200 beside
+    max_iters 1200 was the same run, and one whose horizon was elsewhere was not."""
+    import train
+    saved = P.comparable(dict(train.DEFAULTS, max_iters=1200, lr_decay_iters=1200))
+    assert P.comparable(dict(train.DEFAULTS, max_iters=1200, lr_decay_iters=None)) == saved
+    assert P.comparable(dict(train.DEFAULTS, max_iters=4800, lr_decay_iters=None)) != \
+        P.comparable(dict(train.DEFAULTS, max_iters=4800, lr_decay_iters=1200))
+
+
 @pytest.mark.parametrize('study,run', [
     ('v5', P.Run('identity_mlp_anneal_wd0.1', 4e-3, 0.1, 301)),
     ('v6', P.Run('query16_anneal4x_wd0.1', 2.83e-3, 0.1, 301))])

@@ -276,6 +276,23 @@ def test_lr_schedule():
     assert train.get_lr(500, c) == 0.1
 
 
+def test_a_cosine_with_lr_decay_iters_none_ends_at_max_iters_wherever_that_is_set():
+    """config/small.py leaves the horizon to max_iters: a later --max_iters moves the cosine's end
+    with it, where a number copied from max_iters would leave it behind, at the floor."""
+    c = dict(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=None, decay_lr=True,
+             max_iters=110)
+    assert [train.get_lr(it, c) for it in (10, 60, 110)] == pytest.approx([1.0, 0.55, 0.1])
+    longer = train.settings([os.path.join(HERE, 'config', 'small.py'), '--max_iters=4800'])
+    assert longer['lr_decay_iters'] is None
+    assert train.get_lr(2450, longer) == pytest.approx((longer['learning_rate']
+                                                        + longer['min_lr']) / 2)
+    assert train.get_lr(4800, longer) == pytest.approx(longer['min_lr'])
+    small = train.settings([os.path.join(HERE, 'config', 'small.py')])  # its own 1200 steps
+    peak, floor = small['learning_rate'], small['min_lr']
+    assert [train.get_lr(it, small) for it in (650, 1200)] == pytest.approx([(peak + floor) / 2,
+                                                                            floor])
+
+
 WSD = dict(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=7, decay_lr=True,
            lr_schedule='wsd', max_iters=100, cooldown_frac=0.2, cooldown_shape='linear')
 
@@ -1023,8 +1040,8 @@ def test_followup_configs_state_its_protocol():
             model = GPT(GPTConfig(**args), verbose=False)
         assert model.get_num_params() == params and model.config.scale == pytest.approx(scale)
         assert f'{params:,} parameters' in open(f'config/{name}.py').read()  # its comment says so
-        # a full cosine
-        assert (c['max_iters'], c['lr_decay_iters'], c['warmup_iters']) == (60002, 60002, 2000)
+        # a full cosine, to min_lr at max_iters wherever that is set
+        assert (c['max_iters'], c['lr_decay_iters'], c['warmup_iters']) == (60002, None, 2000)
         assert (c['learning_rate'], c['weight_decay'], c['min_lr']) == (lr, wd, min_lr)
         assert train.get_lr(60002, c) == pytest.approx(min_lr)
         assert 'beyond_query_linearity' in open(f'config/{name}.py').read()
