@@ -53,7 +53,7 @@ KEYS = {**keys(
     out_dir=('out', "checkpoints, log.jsonl and config.json of the run"),
     init_from=('scratch', "scratch, resume, auto (resume if a checkpoint), gpt2..gpt2-xl, a GPT-2 "
                "folder, or a run's ckpt_<step>.pt file: a branch that continues it here"),
-    overwrite=(False, "True: init_from='scratch' may start over an out_dir holding a checkpoint"),
+    overwrite=(False, "True: a fresh start (scratch, GPT-2, a branch) may replace out_dir's run"),
     eval_interval=(1000, "steps between evaluations (and checkpoints)"),
     eval_iters=(200, "batches per split in each evaluation"),
     eval_only=(False, "evaluate the checkpoint (and the full val loss) into eval.jsonl; stop"),

@@ -79,9 +79,9 @@ def load_optimizer_state(optimizer, model, state, path):
 # the resume policy, and one run per out_dir
 
 def resolve_init(c, master):
-    """init_from with 'auto' resolved. A run that would start from scratch, or branch off another
-    run's checkpoint file, over an existing checkpoint is refused, so repeating a command never
-    silently replaces a run."""
+    """init_from with 'auto' resolved. A run that would start afresh (from scratch, from GPT-2's
+    weights, or as a branch off another run's checkpoint file) over an existing checkpoint is
+    refused, so repeating a command never silently replaces a run."""
     path = os.path.join(c['out_dir'], 'ckpt.pt')
     exists = os.path.exists(path)
     if c['init_from'] == 'auto':
@@ -89,8 +89,8 @@ def resolve_init(c, master):
             print("init_from=auto: " + (f"resuming from {path}" if exists else
                                         f"no checkpoint in {c['out_dir']}, starting from scratch"))
         return 'resume' if exists else 'scratch'
-    # a fresh start (from scratch, or a branch off another run's checkpoint file)
-    fresh = c['init_from'] == 'scratch' or os.path.isfile(c['init_from'])
+    # a fresh start: anything but a resume (scratch, gpt2..gpt2-xl, a GPT-2 folder, a branch)
+    fresh = c['init_from'] != 'resume'
     if fresh and exists and not c['overwrite'] and os.path.abspath(c['init_from']) != \
             os.path.abspath(path):
         try:

@@ -658,6 +658,21 @@ def test_repeating_a_command_is_refused_and_touches_nothing(data_root, tmp_path)
     assert run_files(tmp_path) == before
 
 
+def test_a_start_from_gpt2s_weights_over_a_run_is_refused_too(tmp_path):
+    """gpt2..gpt2-xl and a GPT-2 folder are fresh starts like scratch: over a checkpoint they are
+    refused before any download or load, and the checkpoint is left as it was."""
+    from kvgpt.checkpoint import resolve_init
+    (tmp_path / 'ckpt.pt').write_bytes(b'a run')
+    (tmp_path / 'gpt2-folder').mkdir()
+    for init in ('gpt2', 'gpt2-xl', str(tmp_path / 'gpt2-folder'), 'scratch'):
+        c = dict(out_dir=str(tmp_path), init_from=init, overwrite=False)
+        with pytest.raises(UserError, match=rf"^{tmp_path} already holds a checkpoint"):
+            resolve_init(c, True)
+        assert resolve_init(dict(c, overwrite=True), True) == init
+    assert resolve_init(dict(c, init_from='resume'), True) == 'resume'
+    assert (tmp_path / 'ckpt.pt').read_bytes() == b'a run'
+
+
 def test_overwrite_starts_over(data_root, tmp_path):
     run(data_root, tmp_path / 'a', max_iters=6, eval_interval=3, learning_rate=3e-2)
     log = run(data_root, tmp_path / 'a', max_iters=4, eval_interval=2, overwrite=True)
