@@ -178,6 +178,14 @@ def model_settings(ckpt):
     return {k: v for k, v in ckpt['model_args'].items() if k != 'block_size'}
 
 
+def pretrained_overrides(c, model):
+    """The model settings a run named (away from their defaults) that GPT-2's weights override:
+    its architecture is the checkpoint's, whatever config/reduced.py says."""
+    ours = asdict(model.config)
+    return [k for k in MODEL_KEYS if k not in ('block_size', 'dropout', 'vocab_size')
+            and c[k] != DEFAULTS[k] and c[k] is not None and c[k] != ours[k]]
+
+
 def checkpoint_path(c):
     """The checkpoint a run continues: out_dir's on a resume, or the file it branches from."""
     return os.path.join(c['out_dir'], 'ckpt.pt') if c['init_from'] == 'resume' else c['init_from']
@@ -204,6 +212,10 @@ def build_model(c, meta, master):
     else:
         with model_errors():
             model = GPT.from_pretrained(c['init_from'], dropout=c['dropout'])
+        ignored = pretrained_overrides(c, model)
+        if ignored and master:
+            print(f"{c['init_from']}: GPT-2's weights set the model, not "
+                  + ', '.join(f'{k}={c[k]!r}' for k in ignored))
     check_fits(meta, model.config.vocab_size, model.config.block_size, c['block_size'])
     return model, ckpt
 
@@ -585,6 +597,8 @@ def setup(c, process, signals):
     config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
     if ckpt is not None:  # the checkpoint's model wins over a resume's model settings: record it
         config.update({k: v for k, v in model_settings(ckpt).items() if c.get(k) is not None})
+    elif c['init_from'] != 'scratch':  # so do GPT-2's weights
+        config.update({k: getattr(model.config, k) for k in pretrained_overrides(c, model)})
     model.to(dev.device)
     state = LoopState(torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16'),
                       distributed.RankRNG(process))

@@ -449,15 +449,22 @@ def test_sigterm_to_one_worker_stops_every_rank_and_says_which_got_it(data_root,
 
 
 @pytest.mark.slow
-def test_init_from_a_gpt2_folder(data_root, tmp_path):
+def test_init_from_a_gpt2_folder(data_root, tmp_path, capsys):
+    """GPT-2's weights set the model: settings of another model (config/reduced.py's W_Q = I) are
+    named as overridden, and config.json records the model that trained."""
     transformers = pytest.importorskip(
         'transformers', reason='transformers is the optional GPT-2 import dependency')
     cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=50257)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / 'gpt2-tiny')
     run(data_root, tmp_path / 'run', init_from=str(tmp_path / 'gpt2-tiny'), max_iters=2,
-        eval_interval=2, dropout=0.0)
+        eval_interval=2, dropout=0.0, query='identity')
     args = load_checkpoint(str(tmp_path / 'run' / 'ckpt.pt'))['model_args']
     assert args['activation'] == 'gelu_tanh' and args['bias'] and args['vocab_size'] == 50257
+    assert args['query'] == 'linear'
+    assert "gpt2-tiny: GPT-2's weights set the model, not n_layer=2, query='identity'\n" in \
+        capsys.readouterr().out  # n_head and n_embd are the tiny GPT-2's own
+    saved = json.load(open(tmp_path / 'run' / 'config.json'))
+    assert (saved['query'], saved['n_layer'], saved['n_embd']) == ('linear', 1, 32)
     with pytest.raises(UserError, match="block_size 64 is longer than the model's 32"):
         run(data_root, tmp_path / 'run2', init_from=str(tmp_path / 'gpt2-tiny'), block_size=64)
 
