@@ -35,7 +35,8 @@ KEYS = keys(
     steps=(10, "timed steps per variant"),
     warmup=(2, "untimed steps per variant first (compilation happens here)"),
     device=(None, "None: cuda when available, else cpu", Kind('device')),
-    dtype=(None, "None: bfloat16 on cuda where supported, float32 on cpu", Kind(str, DTYPES)),
+    dtype=(None, "None: bfloat16 on a GPU with native bf16, float16 on an older one, "
+                  "float32 on cpu", Kind(str, DTYPES)),
     compile=(None, "None: on for cuda", Kind(bool)),
     dataset=(None, "train on real tokens from data/<dataset>/train.bin; None: random tokens",
              Kind(str)),

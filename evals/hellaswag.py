@@ -37,7 +37,8 @@ KEYS = keys(
     batch_size=(32, "endings per forward pass"),
     json_path=(None, "where the result goes; None: out_dir/hellaswag.json", Kind(str)),
     device=(None, "None: cuda when available, else cpu", Kind('device')),
-    dtype=(None, "None: bfloat16 on cuda where supported, else float32", Kind(str, DTYPES)),
+    dtype=(None, "None: bfloat16 on a GPU with native bf16, float16 on an older one, "
+                  "float32 on cpu", Kind(str, DTYPES)),
 )
 DEFAULTS = defaults(KEYS)
 VAL_URL = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl'
