@@ -138,16 +138,19 @@ def run_config_file(path, config, applied=None):
     if not os.path.isfile(path):
         raise UserError(f"config file '{path}' not found (arguments are config files and "
                         "--key=value)")
-    made = {}
+    # one namespace, as a module has: a comprehension or def in the file reads what the file set
+    # before it, not the value the file replaced
+    namespace = Assignments(config)
     try:
-        exec(compile(pathlib.Path(path).read_text(), path, 'exec'), dict(config), made)
+        exec(compile(pathlib.Path(path).read_text(), path, 'exec'), namespace)
     except SystemExit:  # not an Exception: it would end the script with nothing done
         raise UserError(f"config file '{path}' calls exit(): a config file only sets values"
                         ) from None
     except Exception as e:
         raise UserError(f"config file '{path}' failed: {type(e).__name__}: {e}") from None
-    made = {k: v for k, v in made.items() if not k.startswith('_')
-            and not isinstance(v, types.ModuleType) and not callable(v)}
+    made = {k: namespace[k] for k in dict.fromkeys(namespace.assigned) if k in namespace
+            and not k.startswith('_') and not isinstance(namespace[k], types.ModuleType)
+            and not callable(namespace[k])}
     for base in named_files(path, made.pop('stacked_on', ())):
         if applied is not None and os.path.abspath(base) not in map(os.path.abspath, applied):
             raise UserError(f"{path} is stacked on {base}: name that file before it, as in "
@@ -156,6 +159,18 @@ def run_config_file(path, config, applied=None):
     for base in named_files(path, made.pop('include', ())):
         included.update(run_config_file(base, config, applied))
     return {**included, **made}
+
+
+class Assignments(dict):
+    """A config file's namespace that records the names the file assigns, in order (a value
+    equal to the one before is still the file's choice)."""
+    def __init__(self, config):
+        super().__init__(config)
+        self.assigned = []
+
+    def __setitem__(self, name, value):
+        self.assigned.append(name)
+        super().__setitem__(name, value)
 
 
 def named_files(path, names):

@@ -211,6 +211,25 @@ def test_each_argument_is_applied_once_in_order(tmp_path):
     assert train.settings(base + ['config/baseline_small.py'])['n_embd'] == 248
 
 
+def test_a_config_file_reads_what_it_set_as_a_module_does(tmp_path):
+    """A comprehension or function in a config file sees the file's own earlier settings, not the
+    ones it replaced; a value the file sets equal to the one before is still its choice, and wins
+    over a file it includes."""
+    import train
+    (tmp_path / 'base.py').write_text("max_iters = 300\nn_layer = 3\n")
+    (tmp_path / 'run.py').write_text(
+        "include = 'base.py'\nmax_iters = 400\n"
+        "keep_checkpoints = tuple(k * max_iters // 4 for k in range(1, 4))\n"
+        "def half():\n    return max_iters // 2\n"
+        "eval_interval = half()\n"
+        f"n_layer = {train.DEFAULTS['n_layer']}\n"  # the default again, over base.py's 3
+        "if False:\n    n_head = 1\n")
+    c = train.settings([str(tmp_path / 'run.py')])
+    assert c['max_iters'] == 400 and c['keep_checkpoints'] == (100, 200, 300)
+    assert c['eval_interval'] == 200 and c['n_layer'] == train.DEFAULTS['n_layer']
+    assert c['n_head'] == train.DEFAULTS['n_head']
+
+
 def test_config_files_state_choices_not_values_derived_from_other_keys():
     """A config file sets choices, never a value the model derives from the final settings (the
     MLP width, the scale, the init std, the query rank, the K/V heads), so none goes stale."""
