@@ -19,6 +19,7 @@ gradients), and the run's start and end. Rank 0 alone writes, inside them, so na
 fail after the process group's timeout (KVGPT_COLLECTIVE_TIMEOUT seconds; torch's default is 30
 minutes for gloo) with one line naming the call.
 """
+import glob
 import importlib
 import math
 import os
@@ -556,6 +557,7 @@ def all_ranks_save(run, reason, name='ckpt.pt'):
                 model_args=asdict(run.model.config), config=run.settings, meta=run.data.meta,
                 wandb_run_id=wandb_run_id(run.record),  # a resume continues the same W&B run
                 **loop_state), path, before_replace=commit_record)
+            run.record.stale.discard(os.path.abspath(path))  # this run's own now
         except OSError as e:
             error = f"{fs_error(e, path)}; the previous checkpoint there is untouched"
         except UserError as e:  # the record: the checkpoint and the record are as they were
@@ -615,12 +617,23 @@ def setup(c, process, signals):
         restore(run, ckpt)
     if process.master:  # eval_only writes no config.json or log.jsonl: the training run's
         run.record = Record(c['out_dir'], None if c['eval_only'] else config, state.iter_num,
-                            open_trackers(c, state.iter_num, ckpt and ckpt.get('wandb_run_id')))
+                            open_trackers(c, state.iter_num, ckpt and ckpt.get('wandb_run_id')),
+                            stale=replaced_checkpoints(c))
         run.probe = c['probe'] and load_probe(c, data, dev)
         print(f"tokens per iteration: {tokens_per_iter(c):,} ({c['gradient_accumulation_steps']}"
               f" x {c['batch_size']} x {c['block_size']}, {process.world} process(es)); starting "
               f"at iter {state.iter_num}")
     return run
+
+
+def replaced_checkpoints(c):
+    """A fresh start over a run (--overwrite=True): the kept checkpoints the old run left, but
+    the one this run starts from."""
+    if c['init_from'] == 'resume' or c['eval_only']:
+        return []
+    kept = glob.glob(os.path.join(glob.escape(c['out_dir']), 'ckpt_*.pt'))
+    return [os.path.abspath(p) for p in kept if not os.path.exists(c['init_from'])
+            or not os.path.samefile(p, c['init_from'])]
 
 
 def train(c):

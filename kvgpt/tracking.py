@@ -31,12 +31,14 @@ class Record:
     first checkpoint: only then does it write config.json and the log, cut back to where it
     started (the lines it writes again), so a resume that fails before then leaves both files
     byte-identical. eval_only (config None) touches neither: its evaluation goes to
-    eval.jsonl."""
+    eval.jsonl. stale: the kept checkpoints (ckpt_<step>.pt) of the run a fresh start replaces
+    (--overwrite=True); those this run has not written again go when the record becomes its."""
 
-    def __init__(self, out_dir, config, resume_iter, trackers=()):
+    def __init__(self, out_dir, config, resume_iter, trackers=(), stale=()):
         self.path, self.config, self.resume_iter = os.path.join(out_dir, 'log.jsonl'), config, \
             resume_iter
         self.out_dir, self.trackers, self.started = out_dir, list(trackers), False
+        self.stale = set(stale)
         record = [os.path.join(out_dir, f) for f in ('log.jsonl', 'config.json')]
         # the entries waiting for this run's first checkpoint; None: each goes to the log at once
         self.held = [] if any(map(os.path.exists, record)) and config is not None else None
@@ -72,6 +74,15 @@ class Record:
                 restore(self.path, old)
             raise UserError(fs_error(e, path)) from None
         self.started = True
+        for stale in sorted(self.stale):  # the replaced run's: no branch may start from them now
+            try:
+                os.remove(stale)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise UserError(f"{fs_error(e, stale)}: remove it, it belongs to the run "
+                                "--overwrite=True replaced") from None
+        self.stale = set()
 
     def close(self):
         for tracker in self.trackers:

@@ -688,6 +688,25 @@ def test_overwrite_starts_over(data_root, tmp_path):
     assert_same_state(final_state(tmp_path / 'a'), final_state(tmp_path / 'b'))
 
 
+def test_overwrite_leaves_no_kept_checkpoint_of_the_run_it_replaces(data_root, tmp_path):
+    """A branch started off a kept checkpoint would otherwise start from the old run."""
+    out = tmp_path / 'a'
+    run(data_root, out, max_iters=6, eval_interval=3, keep_checkpoints=(2, 4, 5))
+    assert sorted(os.listdir(out)).count('ckpt_5.pt') == 1
+    # a fresh start that fails before its first checkpoint leaves the old run whole
+    with pytest.raises(UserError):
+        train.main(argv(data_root, out, max_iters=3, overwrite=True, dataset='no_such_data'))
+    assert {'ckpt_2.pt', 'ckpt_4.pt', 'ckpt_5.pt'} <= set(os.listdir(out))
+    run(data_root, out, max_iters=3, eval_interval=3, keep_checkpoints=(2,), overwrite=True)
+    assert sorted(f for f in os.listdir(out) if f.startswith('ckpt')) == ['ckpt.pt', 'ckpt_2.pt']
+    assert torch.load(out / 'ckpt_2.pt', weights_only=False)['config']['max_iters'] == 3
+    # a branch that starts over its own source's folder keeps the checkpoint it started from
+    run(data_root, out, max_iters=6, eval_interval=3, keep_checkpoints=(2, 4), overwrite=True)
+    run(data_root, out, max_iters=6, eval_interval=3, keep_checkpoints=(), overwrite=True,
+        init_from=str(out / 'ckpt_4.pt'))
+    assert sorted(f for f in os.listdir(out) if f.startswith('ckpt')) == ['ckpt.pt', 'ckpt_4.pt']
+
+
 def test_auto_starts_from_scratch_then_resumes_exactly(data_root, tmp_path, capsys):
     log = run(data_root, tmp_path / 'auto', init_from='auto', max_iters=10)
     assert log[0]['iter'] == 0 and 'no checkpoint in' in capsys.readouterr().out
