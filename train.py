@@ -63,7 +63,8 @@ KEYS = {**keys(
     hellaswag=(None, "a HellaSwag .jsonl, or 'download': scored at the end (evals/)", Kind(str)),
     hellaswag_interval=(0, "also score it at evaluations every this many steps; 0: the end only"),
     hellaswag_items=(None, "score its first this many items; None: all", Kind(int, optional=True)),
-    always_save_checkpoint=(True, "False: save only when val loss improves (nanoGPT's option)"),
+    always_save_checkpoint=(True, "False: save only when val loss improves (nanoGPT's option); "
+                            "a signal still saves, so that the run resumes where it stopped"),
     keep_checkpoints=((50000, 100000, 105000), "steps whose ckpt_<step>.pt is kept (authors')"),
     wandb_log=(False, "also log to Weights & Biases (pip install wandb); a resume continues it"),
     wandb_project=('kvgpt', "the W&B project"),
@@ -134,6 +135,12 @@ def settings(argv=None):
                 'log_interval', 'gradient_accumulation_steps'):
         if c[key] < (0 if key == 'max_iters' else 1):
             raise UserError(f"{key} must be positive, got {c[key]}")
+    for key in ('learning_rate', 'min_lr', 'weight_decay', 'data_seed'):
+        if c[key] < 0:  # AdamW and numpy's generator refuse them with a traceback
+            raise UserError(f"{key} must not be negative, got {c[key]}")
+    for key in ('beta1', 'beta2'):
+        if not 0 <= c[key] < 1:
+            raise UserError(f"{key} must be at least 0 and below 1, got {c[key]}")
     if not 0 <= c['cooldown_frac'] <= 1:
         raise UserError(f"cooldown_frac must be between 0 and 1, got {c['cooldown_frac']}")
     if not all(isinstance(k, int) and k > 0 for k in c['keep_checkpoints']):

@@ -207,6 +207,10 @@ def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path,
     (dict(block_size=10 ** 9), 'too few for block_size'),
     (dict(init_from='resume'), 'no checkpoint at'),
     (dict(dtype='float8'), 'dtype must be'),
+    (dict(learning_rate=-1), 'learning_rate must not be negative, got -1'),
+    (dict(weight_decay=-0.1), 'weight_decay must not be negative, got -0.1'),
+    (dict(data_seed=-1), 'data_seed must not be negative, got -1'),
+    (dict(beta2=1.5), 'beta2 must be at least 0 and below 1, got 1.5'),
 ])
 def test_bad_config_fails_clearly(data_root, tmp_path, kw, message):
     with pytest.raises(UserError, match=re.escape(message)):
