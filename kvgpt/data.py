@@ -49,6 +49,9 @@ def meta_problem(meta):
             return f"its '{key}' is {meta[key]!r}, not a {kind.__name__}"
     if meta['dtype'] not in BIN_DTYPES:
         return f"its dtype {meta['dtype']!r} is not one of {', '.join(BIN_DTYPES)}"
+    digests = meta.get('digests', {})
+    if not (isinstance(digests, dict) and all(isinstance(v, str) for v in digests.values())):
+        return f"its 'digests' is {digests!r}, not an object of texts"
     return None
 
 

@@ -19,7 +19,12 @@ def kept_lines(path, resume_iter):
     checkpoint's step, and that step's own log line (its evaluation is made again)."""
     if not os.path.exists(path):
         return []
-    return [e for e in read_jsonl(path) if e['iter'] < resume_iter or (
+    entries = read_jsonl(path)
+    for n, e in enumerate(entries, 1):
+        if not (isinstance(e, dict) and isinstance(e.get('iter'), int)):
+            raise UserError(f"{path} line {n} is not a log entry (no 'iter'): repair or remove "
+                            "that line, then run again")
+    return [e for e in entries if e['iter'] < resume_iter or (
         e['iter'] == resume_iter and 'val_loss' not in e)]
 
 

@@ -226,6 +226,7 @@ def test_token_ids_at_or_above_the_vocabulary_are_one_line(data_copy, tmp_path, 
     (lambda m: m.pop('train_tokens'), "it has no 'train_tokens'"),
     (lambda m: m.update(vocab_size='257'), "its 'vocab_size' is '257', not a int"),
     (lambda m: m.update(dtype='float32'), "its dtype 'float32' is not one of"),
+    (lambda m: m.update(digests=[1]), "its 'digests' is [1], not an object of texts"),
 ])
 def test_a_damaged_meta_json_is_one_line(data_copy, tmp_path, command_line, change, problem):
     path = data_copy / 'tiny' / 'meta.json'
@@ -443,16 +444,21 @@ def test_a_record_that_cannot_be_written_keeps_the_old_checkpoint_and_record(
     assert [e['iter'] for e in log if 'val_loss' in e] == [0, 10, 20]
 
 
+@pytest.mark.parametrize('bad,problem', [
+    (b'\xff\xfe not text\n', 'log.jsonl is damaged at line 4'),
+    (b'{"loss": 1.0}\n', "log.jsonl line 4 is not a log entry (no 'iter')"),
+])
 def test_a_damaged_log_is_one_line_before_training_and_changes_nothing(data_root, tmp_path,
-                                                                         command_line):
+                                                                         command_line, bad,
+                                                                         problem):
     run(data_root, tmp_path, max_iters=10)
     log = tmp_path / 'log.jsonl'
     lines = log.read_bytes().splitlines(keepends=True)
-    log.write_bytes(b''.join(lines[:3] + [b'\xff\xfe not text\n'] + lines[3:]))
+    log.write_bytes(b''.join(lines[:3] + [bad] + lines[3:]))
     before = record(tmp_path)
     code, err = command_line(train, argv(data_root, tmp_path, init_from='resume', max_iters=20))
     line = one_line(err)
-    assert code == 2 and f"{tmp_path}/log.jsonl is damaged at line 4" in line
+    assert code == 2 and f"{tmp_path}/{problem}" in line
     assert record(tmp_path) == before
 
 
