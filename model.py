@@ -526,8 +526,9 @@ HF_TRANSPOSED = ('attn.c_attn.weight', 'attn.c_proj.weight',  # GPT-2's Conv1D w
 
 def load_hf_gpt2(name_or_path):
     if name_or_path not in GPT2_SIZES and not os.path.isdir(str(name_or_path)):
-        raise ValueError(f"init_from must be scratch, resume, auto, one of "
-                         f"{', '.join(GPT2_SIZES)} or a local GPT-2 folder; got {name_or_path!r}")
+        raise ValueError(f"init_from {name_or_path!r} is no file or folder here, nor one of "
+                         f"{', '.join(GPT2_SIZES)}: name one of those, a local GPT-2 folder or a "
+                         "checkpoint file (train.py also takes scratch, resume and auto)")
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:

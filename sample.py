@@ -21,8 +21,8 @@ from model import GPT
 
 KEYS = keys(
     out_dir=('out', "the run to sample from (out_dir/ckpt.pt)"),
-    init_from=('resume', "'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 "
-               "folder"),
+    init_from=('resume', "'resume' (out_dir/ckpt.pt), a checkpoint file (a kept "
+               "ckpt_<step>.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 folder"),
     start=('\n', "the prompt, or FILE:path to read it from a file"),
     num_samples=(3, "samples drawn, one after another"),
     max_new_tokens=(500, "tokens generated per sample at most"),
@@ -56,15 +56,17 @@ def check_settings(c):
 
 
 def load_model(c):
-    """(model, tokenizer) from out_dir/ckpt.pt or from GPT-2 weights."""
-    if c['init_from'] == 'resume':
-        model, ckpt = model_from_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'))
+    """(model, tokenizer) from out_dir/ckpt.pt, a checkpoint file or GPT-2 weights."""
+    if c['init_from'] == 'resume' or os.path.isfile(c['init_from']):
+        path = c['init_from'] if os.path.isfile(c['init_from']) else os.path.join(
+            c['out_dir'], 'ckpt.pt')
+        model, ckpt = model_from_checkpoint(path)
         # nanoGPT checkpoints carry no tokenizer: theirs are GPT-2 BPE (OpenWebText, Shakespeare)
         name = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')
         return model, get_tokenizer(name)
     if c['init_from'] in ('scratch', 'auto'):
-        raise UserError(f"sample.py's init_from is resume (out_dir's checkpoint), gpt2..gpt2-xl "
-                        f"or a local GPT-2 folder, got {c['init_from']!r}")
+        raise UserError(f"sample.py's init_from is resume (out_dir's checkpoint), a checkpoint "
+                        f"file, gpt2..gpt2-xl or a local GPT-2 folder, got {c['init_from']!r}")
     with model_errors():
         return GPT.from_pretrained(c['init_from']), get_tokenizer('gpt2')
 

@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -166,7 +167,18 @@ def test_sample_texts_and_no_cache_agree(trained):
     assert sample.sample(base) == sample.sample(dict(base, use_cache=False))
 
 
+def test_a_checkpoint_file_samples_as_its_run_does(trained, tmp_path):
+    """init_from names a checkpoint file (a kept ckpt_<step>.pt): the same model as the run's."""
+    _, out = trained
+    copy = tmp_path / 'ckpt_3.pt'
+    shutil.copyfile(os.path.join(out, 'ckpt.pt'), copy)
+    base = dict(sample.DEFAULTS, out_dir=out, num_samples=1, max_new_tokens=20, device='cpu')
+    assert sample.sample(dict(base, out_dir='/no/such/run', init_from=str(copy))) == \
+        sample.sample(base)
+
+
 @pytest.mark.parametrize('kw,message', [
+    (dict(init_from='/no/such/ckpt_5.pt'), "init_from '/no/such/ckpt_5.pt' is no file or folder"),
     (dict(top_k=0), 'top_k must be a positive integer'),
     (dict(top_p=1.5), r'top_p must be in \(0, 1\]'),
     (dict(top_p=0), r'top_p must be in \(0, 1\]'),
