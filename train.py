@@ -656,8 +656,11 @@ def train(c):
             train_loop(run)
         if process.master and not c['eval_only'] and signals.stopped is None:
             run.record.finish(run.state.iter_num)
+            saved = os.path.exists(os.path.join(c['out_dir'], 'ckpt.pt'))
             print(f"finished at iter {run.state.iter_num} in {format_eta(time.time() - t0)}; "
-                  f"sample from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}")
+                  + (f"sample from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}"
+                     if saved else "no checkpoint was saved (nothing trained, or "
+                     "always_save_checkpoint=False and no evaluation improved)"))
         run.finished = True
         run.step_model = None  # the DDP wrapper goes while the process group lives
         return run

@@ -711,6 +711,15 @@ def test_overwrite_leaves_no_kept_checkpoint_of_the_run_it_replaces(data_root, t
     assert sorted(f for f in os.listdir(out) if f.startswith('ckpt')) == ['ckpt.pt', 'ckpt_4.pt']
 
 
+def test_a_run_that_saved_nothing_does_not_point_to_sample_py(data_root, tmp_path, capsys):
+    log = run(data_root, tmp_path / 'zero', max_iters=0)
+    assert [e['iter'] for e in log] == [0] and not (tmp_path / 'zero' / 'ckpt.pt').exists()
+    out = capsys.readouterr().out
+    assert 'no checkpoint was saved' in out and 'sample.py' not in out
+    run(data_root, tmp_path / 'two', max_iters=2, eval_interval=2)
+    assert 'sample from it: python sample.py' in capsys.readouterr().out
+
+
 def test_auto_starts_from_scratch_then_resumes_exactly(data_root, tmp_path, capsys):
     log = run(data_root, tmp_path / 'auto', init_from='auto', max_iters=10)
     assert log[0]['iter'] == 0 and 'no checkpoint in' in capsys.readouterr().out
