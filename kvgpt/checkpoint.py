@@ -47,8 +47,10 @@ def load_checkpoint(path, map_location='cpu', mmap=False, resume=False):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if 'Weights only load failed' in first:  # torch's advice to load it unsafely: not ours
             first = "it holds objects other than tensors and plain values"
-        raise UserError(f"cannot read checkpoint {path}: {first[:200]} (corrupt, truncated, "
-                        "or not a checkpoint)") from None
+        reason = first if len(first) <= 200 else first[:200].rsplit(' ', 1)[0] + ' ...'
+        raise UserError(f"cannot read checkpoint {path} ({reason}): it is damaged, cut short or "
+                        "not a checkpoint; use another (such as a kept ckpt_<step>.pt), or train "
+                        "again") from None
     check_keys(ckpt, path, RESUME_KEYS if resume else MODEL_KEYS)
     return ckpt
 

@@ -1,7 +1,7 @@
 """
-Where a run computes and in what precision: the device rule (cuda, then mps, then cpu), the dtype
-rule (bfloat16 where native, float16 on older GPUs, float32 on a CPU), autocast, torch.compile,
-and the peak FLOPs that MFU is measured against.
+Where a run computes and in what precision: the device rule (cuda when there is one, else cpu;
+mps only when named), the dtype rule (bfloat16 where native, float16 on older GPUs, float32 on a
+CPU), autocast, torch.compile, and the peak FLOPs that MFU is measured against.
 """
 
 import dataclasses
