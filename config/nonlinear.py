@@ -5,7 +5,8 @@
 # Every number below is from the follow-up's published config
 #   github.com/MarkoKarbevski/beyond_query_linearity, commit 1bf4bd1,
 #   configs/configs_tied/config_tiedw_residual_gelu_2-5wd_2_4e-3lr_3e-5.py
-# (its query_mode 'residual_gelu' is this query); config/baseline_followup.py is its baseline.
+# (the follow-up's query_mode 'residual_gelu' is kvgpt's query='nonlinear', not kvgpt's own
+# 'residual_gelu', x + GELU(x W_Q)); config/baseline_followup.py is its baseline.
 out_dir = 'out-nonlinear'
 query = 'nonlinear'
 query_mix = 1.0  # "scale": q = x + f(x), not (x + f(x))/2 ...

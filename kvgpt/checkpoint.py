@@ -37,7 +37,7 @@ def save_checkpoint(ckpt, path, before_replace=None):
 def load_checkpoint(path, map_location='cpu', mmap=False, resume=False):
     """weights_only=True: a checkpoint from someone else cannot run code on load. mmap=True
     reads tensors lazily (cheap when only model_args are wanted). Its keys are checked for the
-    model, and with resume for everything a resume reads (RESUME_KEYS)."""
+    model, and with resume for everything a resume reads (RESUME_ENTRIES)."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}: train one first, or point --out_dir at a run "
                         "directory")
@@ -51,7 +51,7 @@ def load_checkpoint(path, map_location='cpu', mmap=False, resume=False):
         raise UserError(f"cannot read checkpoint {path} ({reason}): it is damaged, cut short or "
                         "not a checkpoint; use another (such as a kept ckpt_<step>.pt), or train "
                         "again") from None
-    check_keys(ckpt, path, RESUME_KEYS if resume else MODEL_KEYS)
+    check_keys(ckpt, path, RESUME_ENTRIES if resume else MODEL_ENTRIES)
     return ckpt
 
 
@@ -208,10 +208,10 @@ def optional(test):
 # makes the model (and sample.py decodes with meta's tokenizer); a resume, or a branch off a
 # checkpoint, also takes where the run stood. Keys that are not required may be missing: nanoGPT's
 # and converted checkpoints lack some.
-MODEL_KEYS = dict(model=(True, 'a dict', is_dict), model_args=(True, 'a dict', is_dict),
-                  meta=(False, 'a dict or None', optional(is_dict)))
-RESUME_KEYS = dict(
-    MODEL_KEYS, iter_num=(True, 'an int', is_int), best_val_loss=(True, 'a number', is_number),
+MODEL_ENTRIES = dict(model=(True, 'a dict', is_dict), model_args=(True, 'a dict', is_dict),
+                     meta=(False, 'a dict or None', optional(is_dict)))
+RESUME_ENTRIES = dict(
+    MODEL_ENTRIES, iter_num=(True, 'an int', is_int), best_val_loss=(True, 'a number', is_number),
     optimizer=(False, 'a dict', is_dict), scaler=(False, 'a dict or None', optional(is_dict)),
     rng=(False, 'a list of RNG states', is_rng),
     tokens_seen=(False, 'an int or None', optional(is_int)),
@@ -248,8 +248,8 @@ def write_failure(folder, free):
 
 
 OPTIMIZER_ADVICE = ("the checkpoint is damaged or its optimizer is another model's: resume from "
-                    "another checkpoint, or keep its weights with a fresh AdamW: export them "
-                    "(python -m tools.export) and start with --init_from=<the exported folder>")
+                    "another checkpoint (such as a kept ckpt_<step>.pt); a copy of it without its "
+                    "'optimizer' entry resumes with its weights and a fresh AdamW")
 
 
 def check_optimizer_fits(optimizer, model, state, path):
