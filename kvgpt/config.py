@@ -128,7 +128,14 @@ def key_value(arg, table):
     value = parse_value(text)
     if type(value) in (int, float) and name in table and kind_of(table[name]).kind is str:
         value = text
+    if is_path_key(name) and isinstance(value, str) and (value == '~' or value.startswith('~/')):
+        value = os.path.expanduser(value)  # the shell leaves a ~ after --key= as it is
     return name, value
+
+
+def is_path_key(name):
+    """A key that names a file or folder (out_dir, data_root, json_path, init_from, ...)."""
+    return name.endswith(('_dir', '_root', '_path', '_out')) or name == 'init_from'
 
 
 def run_config_file(path, config, applied=None):

@@ -211,6 +211,18 @@ def test_each_argument_is_applied_once_in_order(tmp_path):
     assert train.settings(base + ['config/baseline_small.py'])['n_embd'] == 248
 
 
+def test_a_tilde_after_a_path_keys_equals_sign_is_the_home_folder(monkeypatch, tmp_path):
+    """The shell expands ~ only at a word's start: --out_dir=~/runs reaches us as written."""
+    import train
+    monkeypatch.setenv('HOME', str(tmp_path))
+    c = train.settings(['--out_dir=~/runs/a', '--data_root=~', '--init_from=~/x/ckpt_5.pt'])
+    assert c['out_dir'] == str(tmp_path / 'runs' / 'a') and c['data_root'] == str(tmp_path)
+    assert c['init_from'] == str(tmp_path / 'x' / 'ckpt_5.pt')
+    c = config.parse_config(sample.KEYS, ['--start=~/not/a/path', '--out_dir=~user_x'])
+    assert c['start'] == '~/not/a/path'  # a prompt is text, not a path
+    assert c['out_dir'] == '~user_x'  # another user's home: only ~ and ~/ are expanded
+
+
 def test_a_config_file_reads_what_it_set_as_a_module_does(tmp_path):
     """A comprehension or function in a config file sees the file's own earlier settings, not the
     ones it replaced; a value the file sets equal to the one before is still its choice, and wins
