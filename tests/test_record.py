@@ -489,8 +489,12 @@ def test_an_optimizer_state_that_does_not_fit_its_model_is_one_line(data_root, t
     code, err = command_line(train, argv(data_root, tmp_path, init_from='resume', max_iters=20))
     line = one_line(err)
     assert code == 2 and f"{tmp_path}/ckpt.pt: its optimizer state does not fit its model" in line
-    assert 'exp_avg of transformer.wte.weight' in line and '--init_from=' in line
+    assert 'exp_avg of transformer.wte.weight' in line and "without its 'optimizer'" in line
     assert record(tmp_path) == before
+    del ckpt['optimizer']  # the advice, followed: the weights go on with a fresh AdamW
+    torch.save(ckpt, tmp_path / 'ckpt.pt')
+    log = run(data_root, tmp_path, init_from='resume', max_iters=20)
+    assert [e['iter'] for e in log if 'loss' in e][-1] == 20
 
 
 def test_weights_of_the_wrong_shape_name_the_tensor(data_root, tmp_path, command_line):
