@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from kvgpt.config import Kind, defaults, keys, parse_config, run_config_file
+from kvgpt.config import (Kind, config_file, defaults, keys, parse_config, run_config_file,
+                          variant_settings)
 from kvgpt.data import open_dataset
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import UserError, run_main
@@ -47,34 +48,6 @@ KEYS = keys(
 DEFAULTS = defaults(KEYS)
 
 
-# the repository's config/ folder, beside bench.py
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config')
-
-
-def variants(geometry):
-    """The model variants, in name order: every config/<name>.py that names a run (out_dir) without
-    choosing data (the CPU bases set dataset, directly or by stacking). A variant is defined by its
-    file alone: bench.py, lab.report and the studies read this list, nothing else names them."""
-    names = []
-    for f in sorted(os.listdir(CONFIG_DIR)):
-        if f.endswith('.py'):
-            made = run_config_file(os.path.join(CONFIG_DIR, f), geometry)
-            if 'out_dir' in made and 'dataset' not in made:
-                names.append(f[:-3])
-    return names
-
-
-def variant_settings(name, geometry, wanted):
-    """The settings among wanted (the model's keys) that config/<name>.py makes, run with the
-    geometry in scope (config/baseline_small.py takes 31/32 of its width)."""
-    known = variants(geometry)
-    if name not in known:
-        raise UserError(f"unknown variant '{name}': choose from {', '.join(known)} "
-                        "(a file config/<name>.py)")
-    made = run_config_file(os.path.join(CONFIG_DIR, f'{name}.py'), geometry)
-    return {k: v for k, v in made.items() if k in wanted}
-
-
 def variant_config(name, c):
     """The model of config/<name>.py at bench's geometry: the file's model settings, evaluated
     against n_embd and n_head, so the paper's variants keep their ratios at any size. A name
@@ -84,7 +57,7 @@ def variant_config(name, c):
     first, *extras = name.split('+')
     settings = variant_settings(first, base, base.keys())
     for extra in extras:
-        path = os.path.join(CONFIG_DIR, f'{extra}.py')
+        path = config_file(extra)
         if not os.path.isfile(path):
             raise UserError(f"unknown config '{extra}' in '{name}': what follows a '+' is a file "
                             "config/<name>.py stacked onto the variant")

@@ -2,7 +2,8 @@
 The modules the scripts share, each named for what it holds:
 
     errors       one-line user errors, and how every script reports them
-    config       settings: defaults, config files and --key=value, typed keys, --help
+    config       settings: defaults, config files and --key=value, typed keys, --help, and
+                 the variants (the config/<name>.py files that name a run)
     device       the device and precision rule, autocast, peak FLOPs
     files        files written whole (a temporary name, then a rename); JSON and JSON lines
     checkpoint   ckpt.pt saved and loaded, the resume policy, one run per out_dir

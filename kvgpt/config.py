@@ -8,6 +8,7 @@ A config file is plain Python, run with the settings so far in scope; the names 
 settings. It states choices (`mlp_ratio = 4.5`); what follows from other keys is left None and
 derived where the model is built. `include = 'small.py'` applies that file (beside it) first, as
 if named before it; `stacked_on = 'small.py'` refuses the file unless that one was named before.
+The variants are the files in config/ that name a run and choose no data (`variants`).
 """
 import difflib
 import os
@@ -209,3 +210,36 @@ def help_text(table, usage=''):
         lines += [f"  {flags[name]:<{width}}  {kind_of(key).name():<8} {key.help}".rstrip()
                   for name, key in table.items() if key.group == group]
     return '\n'.join(lines)
+
+
+# -----------------------------------------------------------------------------
+# the variants: config/<name>.py files that name a run and choose no data
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'config')
+
+
+def config_file(name):
+    return os.path.join(CONFIG_DIR, f'{name}.py')
+
+
+def variants(geometry):
+    """The model variants, in name order: every config/<name>.py that names a run (out_dir) without
+    choosing data (the CPU bases set dataset, directly or by stacking). A variant is defined by its
+    file alone: bench.py, lab.report and the studies read this list, nothing else names them."""
+    names = []
+    for f in sorted(os.listdir(CONFIG_DIR)):
+        if f.endswith('.py'):
+            made = run_config_file(os.path.join(CONFIG_DIR, f), geometry)
+            if 'out_dir' in made and 'dataset' not in made:
+                names.append(f[:-3])
+    return names
+
+
+def variant_settings(name, geometry, wanted):
+    """The settings among wanted (the model's keys) that config/<name>.py makes, run with the
+    geometry in scope (config/baseline_small.py takes 31/32 of its width)."""
+    known = variants(geometry)
+    if name not in known:
+        raise UserError(f"unknown variant '{name}': choose from {', '.join(known)} "
+                        "(a file config/<name>.py)")
+    return {k: v for k, v in run_config_file(config_file(name), geometry).items() if k in wanted}

@@ -9,8 +9,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
-from bench import variant_settings
-from kvgpt.config import parse_value
+from kvgpt.config import parse_value, variant_settings
 from kvgpt.errors import UserError
 from kvgpt.files import read_json, read_jsonl, read_lines, write_gzip, write_text
 from model import GPTConfig, upgrade_query

@@ -21,9 +21,8 @@ import sys
 
 import torch
 
-from bench import variants
 from kvgpt.checkpoint import load_checkpoint
-from kvgpt.config import Kind, defaults, keys, parse_config
+from kvgpt.config import Kind, defaults, keys, parse_config, variants
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import atomic_write, read_json, read_jsonl, write_text
 from lab import markdown as md, stats

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import bench
+from kvgpt.config import variants
 from kvgpt.errors import UserError
 from lab import costs
 from model import GPT, GPTConfig
@@ -77,7 +78,7 @@ def test_every_variant_follows_the_geometry_it_is_measured_at():
     assert (small.n_embd, small.mlp_hidden) == (124, 496)
     assert GPT(small, verbose=False).get_num_params() == 794_716
     cfg = GPTConfig(**{k: geometry[k] for k in ('n_layer', 'n_head', 'n_embd')})
-    for name in bench.variants(dict(cfg.__dict__)):
+    for name in variants(dict(cfg.__dict__)):
         cfg = bench.variant_config(name, geometry)
         assert (cfg.n_layer, cfg.n_head) == (4, 2) and cfg.n_embd in (124, 128), name
 

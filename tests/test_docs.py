@@ -190,15 +190,15 @@ def test_a_new_variant_is_one_file_in_config(tmp_path, monkeypatch):
     everywhere."""
     import shutil
     folder = tmp_path / 'config'
-    shutil.copytree(bench.CONFIG_DIR, folder)
-    monkeypatch.setattr(bench, 'CONFIG_DIR', str(folder))
+    shutil.copytree(config.CONFIG_DIR, folder)
+    monkeypatch.setattr(config, 'CONFIG_DIR', str(folder))
     name = 'zz_test_variant'
     (folder / f'{name}.py').write_text("out_dir = 'out-zz'\nquery = 'identity'\n"
                                        "mlp_hidden = 5 * n_embd\n")
     report.known_variants.cache_clear()
     try:
         geometry = dict(GPTConfig().__dict__)
-        assert name in bench.variants(geometry) and name in report.known_variants()
+        assert name in config.variants(geometry) and name in report.known_variants()
         cfg = bench.variant_config(name, dict(bench.DEFAULTS, n_embd=64, n_head=2))
         assert (cfg.query, cfg.mlp_hidden, cfg.n_embd) == ('identity', 320, 64)
         assert bench.main(['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16',
@@ -209,7 +209,7 @@ def test_a_new_variant_is_one_file_in_config(tmp_path, monkeypatch):
     finally:
         report.known_variants.cache_clear()
     monkeypatch.undo()
-    assert name not in bench.variants(geometry)  # the checkout's config/ never held it
+    assert name not in config.variants(geometry)  # the checkout's config/ never held it
 
 
 def test_each_variant_keeps_one_colour_and_the_demo_bases_are_not_variants():

@@ -246,7 +246,7 @@ def test_config_files_state_choices_not_values_derived_from_other_keys():
     """A config file sets choices, never a value the model derives from the final settings (the
     MLP width, the scale, the init std, the query rank, the K/V heads), so none goes stale."""
     import train
-    from bench import CONFIG_DIR
+    from kvgpt.config import CONFIG_DIR
     from kvgpt.config import run_config_file
     for name in sorted(os.listdir(CONFIG_DIR)):
         made = run_config_file(os.path.join(CONFIG_DIR, name), dict(train.DEFAULTS))
