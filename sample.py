@@ -57,9 +57,9 @@ def check_settings(c):
 
 def load_model(c):
     """(model, tokenizer) from out_dir/ckpt.pt, a checkpoint file or GPT-2 weights."""
-    if c['init_from'] == 'resume' or os.path.isfile(c['init_from']):
-        path = c['init_from'] if os.path.isfile(c['init_from']) else os.path.join(
-            c['out_dir'], 'ckpt.pt')
+    resume = c['init_from'] == 'resume'
+    path = os.path.join(c['out_dir'], 'ckpt.pt') if resume else c['init_from']
+    if resume or os.path.isfile(path):
         model, ckpt = model_from_checkpoint(path)
         # nanoGPT checkpoints carry no tokenizer: theirs are GPT-2 BPE (OpenWebText, Shakespeare)
         name = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')
