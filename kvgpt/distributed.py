@@ -61,13 +61,15 @@ def setup_distributed(device, backend=None):
     seconds = os.environ.get(TIMEOUT_ENV)
     if seconds and not re.fullmatch(r'\d+(\.\d*)?', seconds):
         raise UserError(f"{TIMEOUT_ENV} must be a number of seconds, got {seconds!r}")
-    timeout = dict(timeout=datetime.timedelta(seconds=float(seconds))) if seconds else {}
+    options = dict(timeout=datetime.timedelta(seconds=float(seconds))) if seconds else {}
+    if backend == 'nccl':  # else NCCL's barrier warns that it uses whichever GPU is current
+        options['device_id'] = torch.device(device)
     store = restart_store(world)
     if store is None:
-        dist.init_process_group(backend=backend, **timeout)
+        dist.init_process_group(backend=backend, **options)
     else:
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
-                                **timeout)
+                                **options)
     return Dist(True, rank, world, device)
 
 

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from kvgpt import distributed
@@ -112,6 +113,25 @@ def test_a_collective_timeout_that_is_not_seconds_is_one_line(monkeypatch):
                                         "got '5m'"):
         distributed.setup_distributed('cpu')
     assert not dist.is_initialized()
+
+
+def test_an_nccl_rank_binds_its_local_gpu_to_the_process_group(monkeypatch):
+    # without device_id NCCL's barrier warns that it uses the current device (docs/gpu.md)
+    calls = []
+    monkeypatch.setattr(distributed, 'pick_device', lambda device: 'cuda')
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(('set', device)))
+    monkeypatch.setattr(distributed, 'restart_store', lambda world: None)
+    monkeypatch.setattr(dist, 'init_process_group', lambda **kw: calls.append(('init', kw)))
+    for key, value in dict(RANK='9', LOCAL_RANK='1', WORLD_SIZE='12').items():
+        monkeypatch.setenv(key, value)
+    process = distributed.setup_distributed('cuda')
+    assert (process.rank, process.world, process.device) == (9, 12, 'cuda:1')
+    assert calls == [('set', 'cuda:1'), ('init', dict(backend='nccl',
+                                                      device_id=torch.device('cuda:1')))]
+    calls.clear()  # gloo keeps no device
+    monkeypatch.setattr(distributed, 'pick_device', lambda device: 'cpu')
+    distributed.setup_distributed('cpu')
+    assert calls == [('init', dict(backend='gloo'))]
 
 
 # one rank of two: rank 0 makes the call alone, as under nanoGPT's `if master_process:`; rank 1
