@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -125,3 +126,34 @@ def test_rope_and_qk_norm_checkpoints_are_refused_and_nothing_is_written(runs, t
         export.export(dict(export.DEFAULTS, in_dir=str(tmp_path / 'm'),
                            out_dir=str(tmp_path / 'x')))
     assert not (tmp_path / 'x').exists()
+
+
+def test_an_export_replaces_only_an_earlier_export(runs, tmp_path, monkeypatch):
+    # out_dir is replaced whole: a mistyped one must not take a run or anyone's files with it
+    run = runs['baseline']
+    before = sorted(os.listdir(run))
+    mine = tmp_path / 'mine'
+    mine.mkdir()
+    (mine / 'notes.txt').write_text('important')
+    monkeypatch.chdir(tmp_path)
+    for out_dir, words in [(run, 'is or holds the run it exports'),
+                           (os.path.dirname(run), 'is or holds the run it exports'),
+                           ('.', 'is or holds the working folder'),
+                           (str(mine), 'holds files that are not an earlier export'),
+                           (str(mine / 'notes.txt'), 'is a file')]:
+        with pytest.raises(export.UserError, match=f"^--out_dir={re.escape(out_dir)} {words}"):
+            export.export(dict(export.DEFAULTS, in_dir=run, out_dir=out_dir))
+    assert sorted(os.listdir(run)) == before and (mine / 'notes.txt').read_text() == 'important'
+    export.export(dict(export.DEFAULTS, in_dir=run, out_dir='hf'))
+    (tmp_path / 'hf' / 'stale.txt').write_text('from the earlier export')
+    export.export(dict(export.DEFAULTS, in_dir=run, out_dir='hf'))  # an earlier export: replaced
+    assert 'stale.txt' not in os.listdir('hf') and os.path.isfile('hf/model.safetensors')
+
+
+def test_a_failed_export_leaves_no_temporary_folder(runs, tmp_path, monkeypatch):
+    def no_tokenizer(folder, block_size):
+        raise export.UserError("GPT-2's tokenizer files are not cached")
+    monkeypatch.setattr(export, 'write_tokenizer', no_tokenizer)
+    with pytest.raises(export.UserError, match="not cached"):
+        export.export(dict(export.DEFAULTS, in_dir=runs['baseline'], out_dir=str(tmp_path / 'hf')))
+    assert os.listdir(tmp_path) == []

@@ -9,9 +9,9 @@ Every model GPT-2's format can hold is exactly a GPT-2: W_Q = I is written out a
 matrix (so an exported reduced model gives up its 7M-parameter saving at inference), a softmax
 scale other than 1/sqrt(hd) (a learned one per head too) is folded into the query weights
 (s q.k = (1/sqrt(hd)) (s sqrt(hd) q).k), missing biases are zeros, the wider MLP is GPT-2's
-n_inner and untied heads set
-tie_word_embeddings=False. The export is checked against kvgpt's logits before it is moved
-into place. What GPT-2 cannot express is refused with the reason; the checkpoint is only read.
+n_inner and untied heads set tie_word_embeddings=False. The export is checked against kvgpt's
+logits before it is moved into place. What GPT-2 cannot express is refused with the reason; the
+checkpoint is only read. out_dir is replaced whole, so it must be new, empty or an earlier export.
 """
 import os
 import shutil
@@ -53,7 +53,9 @@ def refusal(cfg, tokenizer):
         return "it normalises q and k per head (qk_norm); GPT-2's attention has no such norm"
     if tokenizer != 'gpt2':
         return (f"its tokenizer is '{tokenizer}', which has no GPT-2 tokenizer to ship with it "
-                "(train on --tokenizer=gpt2 data)")
+                "(prepare GPT-2-token data, e.g. `python prepare.py --dataset=pydocs "
+                "--tokenizer=gpt2 --out_name=pydocs_gpt2`, and train with "
+                "--dataset=pydocs_gpt2)")
     return None
 
 
@@ -143,7 +145,31 @@ def max_logit_diff(model, hf, c):
     return (ours - hf(idx).logits).abs().max().item()
 
 
+def is_export(folder):
+    """A folder an earlier export wrote: the transformers files, and no run of kvgpt's."""
+    names = set(os.listdir(folder))
+    return {'config.json', 'model.safetensors'} <= names and not names & {'ckpt.pt', 'log.jsonl'}
+
+
+def check_out_dir(out_dir, in_dir):
+    """An export replaces out_dir whole, so out_dir may only be new, empty or an earlier export:
+    never the run it reads, a folder holding it or the working folder, nor anyone's files."""
+    out = os.path.realpath(out_dir)
+    for inside, what in ((in_dir, 'the run it exports'), (os.getcwd(), 'the working folder')):
+        here = os.path.realpath(inside)
+        if here == out or here.startswith(out.rstrip(os.sep) + os.sep):
+            raise UserError(f"--out_dir={out_dir} is or holds {what}, and an export replaces "
+                            "its folder whole: name a new folder")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"--out_dir={out_dir} is a file: name a new folder")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not is_export(out_dir):
+        raise UserError(f"--out_dir={out_dir} holds files that are not an earlier export, and an "
+                        "export replaces its folder whole: name a new folder, or empty it first")
+
+
 def export(c):
+    out_dir = c['out_dir'] or c['in_dir'].rstrip('/') + '-hf'
+    check_out_dir(out_dir, c['in_dir'])
     model, ckpt = model_from_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'), verbose=False)
     model = model.float().eval()
     tokenizer = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')  # nanoGPT checkpoints: GPT-2 BPE
@@ -155,11 +181,14 @@ def export(c):
     if diff > 1e-4:
         raise UserError(f"internal: the exported model's logits differ from kvgpt's by "
                         f"{diff:.3g}; nothing was written")
-    out_dir = c['out_dir'] or c['in_dir'].rstrip('/') + '-hf'
     tmp = out_dir.rstrip('/') + '.tmp'
     shutil.rmtree(tmp, ignore_errors=True)
-    hf.save_pretrained(tmp, safe_serialization=True)
-    write_tokenizer(tmp, model.config.block_size)
+    try:
+        hf.save_pretrained(tmp, safe_serialization=True)
+        write_tokenizer(tmp, model.config.block_size)
+    except BaseException:  # a failed export leaves nothing behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)  # complete before it appears under its name
     identity = ', W_Q = I written out' if model.config.query == 'identity' else ''
