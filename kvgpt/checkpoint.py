@@ -39,8 +39,8 @@ def load_checkpoint(path, map_location='cpu', mmap=False, resume=False):
     reads tensors lazily (cheap when only model_args are wanted). Its keys are checked for the
     model, and with resume for everything a resume reads (RESUME_ENTRIES)."""
     if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path}: train one first, or point --out_dir at a run "
-                        "directory")
+        raise UserError(f"no checkpoint at {path}: train one first, or name a run directory "
+                        "that holds one")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:

@@ -84,6 +84,25 @@ def test_converted_checkpoint_fine_tunes_and_samples(data_root, tmp_path):
     assert len(texts) == 1
 
 
+def test_a_conversion_replaces_only_an_earlier_conversion(data_root, tmp_path):
+    src_dir = trained(data_root, tmp_path / 'src', n_layer=1, norm=False)
+    run_convert(src_dir, tmp_path / 'dst', data_root=data_root)
+    run_convert(src_dir, tmp_path / 'dst', data_root=data_root)  # an earlier conversion: replaced
+    trained(data_root, tmp_path / 'dst', n_layer=1, norm=False, init_from='resume', max_iters=16)
+    src_bytes = open(os.path.join(src_dir, 'ckpt.pt'), 'rb').read()
+    os.makedirs(tmp_path / 'foreign')
+    save_checkpoint(load_checkpoint(os.path.join(src_dir, 'ckpt.pt')),
+                    str(tmp_path / 'foreign' / 'ckpt.pt'))
+    for out_dir, words in [(src_dir, 'is the run it converts'),
+                           (tmp_path / 'dst', r'holds a training run \(config.json\)'),
+                           (tmp_path / 'foreign', 'holds a checkpoint that is not an earlier')]:
+        with pytest.raises(UserError, match=f"--out_dir={out_dir} {words}"):
+            run_convert(src_dir, out_dir, data_root=data_root)
+    # the fine-tuned run and the source are as they were
+    assert load_checkpoint(str(tmp_path / 'dst' / 'ckpt.pt'))['iter_num'] == 16
+    assert open(os.path.join(src_dir, 'ckpt.pt'), 'rb').read() == src_bytes
+
+
 def test_pre_ln_model_is_refused_then_approximated(data_root, tmp_path):
     src_dir = trained(data_root, tmp_path / 'src', n_layer=2)
     with pytest.raises(UserError, match='LayerNorm'):

@@ -31,7 +31,7 @@ from dataclasses import asdict
 
 import torch
 
-from kvgpt.checkpoint import model_from_checkpoint, save_checkpoint
+from kvgpt.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.data import open_dataset
 from kvgpt.errors import UserError, run_main
@@ -156,7 +156,24 @@ def compare(a, b, x, y):
     return (la - lb).abs().max().item(), loss_a.item(), loss_b.item()
 
 
+def check_out_dir(out_dir, in_dir):
+    """convert writes out_dir/ckpt.pt: never over the run it reads, over a training run (its
+    config.json and log.jsonl describe its ckpt.pt) or over a checkpoint it did not write."""
+    if os.path.realpath(out_dir) == os.path.realpath(in_dir):
+        raise UserError(f"--out_dir={out_dir} is the run it converts: name a new folder")
+    for record in ('config.json', 'log.jsonl'):
+        if os.path.exists(os.path.join(out_dir, record)):
+            raise UserError(f"--out_dir={out_dir} holds a training run ({record}), whose "
+                            "checkpoint a conversion would replace: name a new folder")
+    path = os.path.join(out_dir, 'ckpt.pt')
+    if os.path.exists(path) and 'conversion' not in load_checkpoint(path, mmap=True):
+        raise UserError(f"--out_dir={out_dir} holds a checkpoint that is not an earlier "
+                        "conversion: name a new folder")
+
+
 def convert(c):
+    out_dir = c['out_dir'] or c['in_dir'].rstrip('/') + '-qid'
+    check_out_dir(out_dir, c['in_dir'])
     src, ckpt = model_from_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'), verbose=False)
     cfg = src.config
     if cfg.query != 'linear':
@@ -189,7 +206,6 @@ def convert(c):
     d64 = compare(src, dst, x, y)
     d32 = compare(src.float(), dst.float(), x, y)
     before, after = param_breakdown(src), param_breakdown(dst)
-    out_dir = c['out_dir'] or c['in_dir'].rstrip('/') + '-qid'
     os.makedirs(out_dir, exist_ok=True)
     result = dict(exact=reason is None, reason=reason, check=where, max_logit_diff_float64=d64[0],
                   max_logit_diff_float32=d32[0], loss_before=d32[1], loss_after=d32[2],
@@ -202,11 +218,11 @@ def convert(c):
                          config=ckpt.get('config', {}), meta=ckpt.get('meta', {}),
                          converted_from=os.path.abspath(c['in_dir']), conversion=result),
                     os.path.join(out_dir, 'ckpt.pt'))
-    print_conversion(result, cfg, out_dir)
+    print_conversion(result, cfg, out_dir, ckpt.get('iter_num', 0))
     return result
 
 
-def print_conversion(r, cfg, out_dir):
+def print_conversion(r, cfg, out_dir, step):
     print(f"{'exact' if r['exact'] else 'APPROXIMATE'} conversion, checked on {r['check']}:")
     print(f"  max |logit difference|: {r['max_logit_diff_float64']:.3e} (float64), "
           f"{r['max_logit_diff_float32']:.3e} (float32)")
@@ -221,7 +237,8 @@ def print_conversion(r, cfg, out_dir):
               "basis unties them (tie_weights=False)")
     if r['reason']:
         print(f"  why not exact: {r['reason']}")
-    print(f"wrote {out_dir}/ckpt.pt")
+    print(f"wrote {out_dir}/ckpt.pt (step {step}); to fine-tune it: python train.py <the source "
+          f"run's config file> --init_from=resume --out_dir={out_dir} --max_iters=<above {step}>")
 
 
 
