@@ -92,13 +92,17 @@ def check_value(name, value, table, source):
     return value
 
 
-def parse_config(table, argv=None, show=False, usage=''):
+CONFIG_ARGUMENTS = 'Arguments are config files (plain Python) and --key=value, applied in order.'
+
+
+def parse_config(table, argv=None, show=False, usage='', arguments=CONFIG_ARGUMENTS):
     """The settings: the table's defaults, then each argument of argv (None: the command line)
-    applied once, in order. -h or --help prints usage (the script's docstring) and every key, and
-    exits 0; show prints the settings that differ from the defaults."""
+    applied once, in order. -h or --help prints usage (the script's docstring), what the
+    arguments are (a script that takes other files says so) and every key, and exits 0; show
+    prints the settings that differ from the defaults."""
     argv = sys.argv[1:] if argv is None else argv
     if '-h' in argv or '--help' in argv:
-        print(help_text(table, usage))
+        print(help_text(table, usage, arguments))
         sys.exit(0)
     config, files = defaults(table), []
     for arg in argv:
@@ -198,13 +202,12 @@ def print_overrides(config, defaults):
         print(f"  {key:<{width}} = {value!r}")
 
 
-def help_text(table, usage=''):
+def help_text(table, usage='', arguments=CONFIG_ARGUMENTS):
     """Usage, then every key of the table under its group: default, type and help line."""
     flags = {name: f"--{name}={key.default!r}" for name, key in table.items()}
     width = max(map(len, flags.values()))
-    lines = [usage.strip(), '', 'Arguments are config files (plain Python) and --key=value, '
-             'applied in order.', 'A bool takes True or False (or true, false); None unsets a '
-             'key whose type ends in |None. Keys:']
+    lines = [usage.strip(), '', arguments, 'A bool takes True or False (or true, false); None '
+             'unsets a key whose type ends in |None. Keys:']
     for group in dict.fromkeys(key.group for key in table.values()):
         lines.append(f"\n{group}:")
         lines += [f"  {flags[name]:<{width}}  {kind_of(key).name():<8} {key.help}".rstrip()

@@ -7,6 +7,7 @@ A study's write-up: the generated blocks of its docs (between `<!-- generated: N
 Each block is a kind of table (lab/tables.py) and each figure a kind of figure (lab/figures.py),
 named with its parameters in the study file's `tables` and `figures`.
 """
+import inspect
 import os
 import re
 
@@ -50,6 +51,12 @@ def made_by(ctx, specs, kinds, what):
         if kind not in kinds:
             raise UserError(f"{ctx.s.path}: {what} {name} has unknown kind {kind!r} (one of "
                             f"{', '.join(kinds)})")
+        try:  # the parameters checked first: a TypeError from inside is the kind's own
+            inspect.signature(kinds[kind]).bind(ctx, **spec)
+        except TypeError as e:
+            raise UserError(f"{ctx.s.path}: {what} {name} of kind {kind!r}: {e} (its parameters: "
+                            f"{', '.join(list(inspect.signature(kinds[kind]).parameters)[1:])})"
+                            ) from None
         out[name] = kinds[kind](ctx, **spec)
     return out
 
@@ -70,6 +77,9 @@ def write_figures(s, root, folder, ctx=None):
 
 def write_report(s, root):
     """Rewrite the study's blocks of its docs, then its figures; return the blocks."""
+    if not s.docs:
+        raise UserError(f"{s.path} declares no docs: name the write-up whose generated blocks "
+                        "--report rewrites (docs = 'docs/mine.md')")
     if not os.path.isfile(s.docs):
         raise UserError(f"{s.docs} not found: a study's docs is the write-up whose generated "
                         "blocks are rewritten")

@@ -9,7 +9,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
-from kvgpt.config import parse_value, variant_settings
+from kvgpt.config import did_you_mean, parse_value, variant_settings
 from kvgpt.errors import UserError
 from kvgpt.files import read_json, read_jsonl, read_lines, write_gzip, write_text
 from model import GPTConfig, upgrade_query
@@ -92,18 +92,64 @@ def check_study(s):
         if isinstance(around, dict) and around.get('around') not in (None, *arms_before(s, arm)):
             raise UserError(f"{where}: arm {arm} tunes around {around['around']!r}, which is not "
                             "an arm declared before it")
+        check_arm(s, arm, spec)
     for phase in s.phases:
         bad = set(phase) - PHASE_KEYS
         missing = [a for a in phase.get('arms', ()) if a not in s.arms]
         if bad or missing or phase.get('kind') not in ('tune', 'at', 'climb', 'wsd'):
             raise UserError(f"{where}: phase {phase.get('name')!r}: kind must be tune, at, climb "
                             f"or wsd; unknown keys {sorted(bad)}; unknown arms {missing}")
-        if phase['kind'] == 'wsd':
-            check_wsd(s, phase)
+        check_phase(s, phase)
     for path in s.base:
         if not os.path.isfile(path):
             raise UserError(f"{where}: base config '{path}' not found (run from the repository "
                             "root)")
+
+
+def check_settings(where, settings):
+    """A study's settings are train.py's keys: a misspelt one is found before any run starts."""
+    for key in settings:
+        if key not in train.KEYS:
+            raise UserError(f"{where}: unknown train.py setting {key!r}"
+                            f"{did_you_mean(key, train.KEYS)}")
+
+
+def check_arm(s, arm, spec):
+    """An arm's LR is fixed (lr, with its weight_decay) or tuned over a grid on the tuning seeds,
+    at a fixed weight decay or one searched over the tuning's wd_grid."""
+    where = f"{s.path}: arm {arm}"
+    t = s.tuning_of(arm)
+    if spec.get('weight_decay') is None and ('lr' in spec or (
+            'grid' in spec and t['wd_grid'] is None)):
+        raise UserError(f"{where} has no weight_decay: fix it (weight_decay=0.1), or search it "
+                        "with a grid and tuning=dict(wd_grid=..., wd_step=..., lr_start=...)")
+    if 'grid' in spec and 'lr' not in spec and not t['seeds']:
+        raise UserError(f"{where} tunes its LR over a grid, on no seeds: declare "
+                        "tuning=dict(seeds=(201, 202, 203))")
+    check_settings(where, spec.get('settings', {}))
+
+
+def check_phase(s, phase):
+    where = f"{s.path}: phase {phase.get('name')!r}"
+    seeds = phase.get('seeds')
+    if phase['kind'] != 'tune' and not (isinstance(seeds, (tuple, list)) and seeds
+                                        and all(isinstance(x, int) for x in seeds)):
+        raise UserError(f"{where}: seeds must be a tuple of integers (seeds=(301, 302)), got "
+                        f"{seeds!r}")
+    for arm in phase.get('arms', ()):
+        spec = s.arm(arm)
+        if phase['kind'] == 'climb' and spec.get('weight_decay') is None:
+            raise UserError(f"{where}: arm {arm} climbs at no weight_decay: fix it "
+                            "(weight_decay=0.1)")
+        if phase['kind'] != 'climb' and not phase.get('lr') and not {'lr', 'grid'} & set(spec):
+            raise UserError(f"{where}: arm {arm} has neither lr nor grid: fix its LR (lr=2e-3) "
+                            "or tune it (grid=(1e-3, 2e-3, 4e-3))")
+    if phase['kind'] == 'climb' and not ('above' in phase and isinstance(phase.get('steps'), int)):
+        raise UserError(f"{where}: a climb names the LR it starts above and its number of steps "
+                        "(above=4e-3, steps=3)")
+    check_settings(where, phase.get('settings', {}))
+    if phase['kind'] == 'wsd':
+        check_wsd(s, phase)
 
 
 def check_wsd(s, phase):

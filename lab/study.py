@@ -70,6 +70,15 @@ def pending(s, root):
     return [r for r in p.order if r.name not in results], p, results, folders
 
 
+def check_reuse(s, root):
+    """Before planning runs: a misspelt reused study would have its runs planned again."""
+    for name in s.reuse:
+        if not os.path.isdir(os.path.join(root, name)):
+            raise UserError(f"{s.path}: reuse names {name!r}, but {os.path.join(root, name)}/ "
+                            "does not exist: check the name, or point --root at the committed "
+                            "runs")
+
+
 def start(run, c, s, base, logging, init='auto'):
     work = work_dir(c, s, run)
     os.makedirs(work, exist_ok=True)
@@ -108,6 +117,7 @@ def run_all(c, s):
     runner cleanly: each running train.py gets SIGTERM, saves its checkpoint and exits, and the
     next invocation resumes it."""
     base, running, stopped, signals, checked = base_config(s), {}, set(), [], set()
+    failed = []  # runs that ended with an error, not a signal: running again will not help
     uncarry(c, s)
     handlers = {n: signal.signal(n, lambda signum, frame: signals.append(signum))
                 for n in (signal.SIGTERM, signal.SIGINT)}
@@ -131,6 +141,10 @@ def run_all(c, s):
                 running[run] = (start(run, c, s, base, p.settings[run.name], init), branching)
             if signals:
                 return stop_runs(running, c, s)
+            if not running and failed:
+                raise UserError(f"{len(failed)} run(s) failed, {failed[0].name} first (its "
+                                f"error is above, and in {work_dir(c, s, failed[0])}/stderr.txt): "
+                                "fix the cause and run again")
             if not running:
                 print("nothing left to run" if not p.waiting and not stopped and not todo else
                       f"stopped: {len(stopped)} run(s) did not finish, {len(todo)} wait for "
@@ -143,6 +157,8 @@ def run_all(c, s):
                     replan = True
                     if finish(run, c, s) is None:
                         stopped.add(run)
+                        if 0 < proc.returncode < 128:  # 128 + n: stopped by signal n
+                            failed.append(run)
     finally:
         for n, h in handlers.items():
             signal.signal(n, h)
@@ -257,6 +273,9 @@ def carry(c, s):
             size += sum(os.path.getsize(os.path.join(dest, f)) for f in kept)
         if os.path.isdir(folder) and not os.listdir(folder):
             os.rmdir(folder)
+    if not files:
+        print(f"nothing to carry: no run of {s.name} is stopped part-way in the work folders")
+        return files
     print(f"carried {len(files)} run(s) into {folder}/ ({size / 2 ** 20:.1f} MiB): commit it, and "
           "the runner resumes them from it on any machine")
     return files
@@ -297,12 +316,16 @@ def lock(c, s):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     files = [a for a in argv if not a.startswith('-')]
-    c = parse_config(KEYS, [a for a in argv if a.startswith('-')], usage=__doc__)
+    c = parse_config(KEYS, [a for a in argv if a.startswith('-')], usage=__doc__,
+                     arguments='Arguments are study files (lab/studies/v7.py) and --key=value.')
     if not files:
         raise UserError("give a study file: python -m lab.study lab/studies/v4.py [--status=True]")
     if c['jobs'] < 1:
         raise UserError(f"jobs must be at least 1, got {c['jobs']}")
     studies = [load_study(f) for f in files]
+    planning = c['status'] or c['print'] or not (c['collect'] or c['carry'] or c['report'])
+    for s in studies if planning else ():
+        check_reuse(s, c['root'])
     if c['report']:
         return [docs.write_report(s, c['root']) for s in studies]
     for word, act in (('status', status), ('print', print_runs), ('collect', collect),

@@ -41,7 +41,10 @@ def test_help_lists_every_key_with_its_default_type_and_a_description(name, caps
             rf" {re.escape(kind)} +{re.escape(declared.help)}$", lines[key]), f"{name}: --{key}"
     assert out.splitlines()[0] == script.__doc__.strip().splitlines()[0]
     assert 'A bool takes True or False (or true, false)' in out
-    usage = out.split('Arguments are config files')[0]
+    # what the arguments are: config files, but study files for the study runner
+    assert ('Arguments are study files' in out) == (name == 'lab.study') != (
+        'Arguments are config files' in out), name
+    usage = re.split(r'\nArguments are ', out)[0]
     # an example continued with a backslash in the docstring is joined there: a run of spaces
     assert not re.search(r'\S {4,}--', usage), name
 

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import re
 import signal
 import subprocess
 import sys
@@ -134,7 +135,8 @@ def test_a_study_file_declares_only_what_the_runner_reads(tmp_path):
                    "phases = []\nseeds = (1, 2)\n")
     with pytest.raises(P.UserError, match='unknown declaration.*seeds.*UPPERCASE'):
         P.load_study(str(bad))
-    bad.write_text("name = 'x'\nbase = ('config/small.py',)\narms = dict(a=dict(lr=1e-3))\n"
+    bad.write_text("name = 'x'\nbase = ('config/small.py',)\n"
+                   "arms = dict(a=dict(lr=1e-3, weight_decay=0.1))\n"
                    "phases = [dict(name='t', kind='at', arms=('b',), seeds=(1,))]\n")
     with pytest.raises(P.UserError, match="unknown arms \\['b'\\]"):
         P.load_study(str(bad))
@@ -461,6 +463,64 @@ tables = dict(tiny_verdict=dict(kind='verdicts', comparisons=PAIR, explain='Two 
     return str(tmp_path / 'study.py')
 
 
+FIXED = "arms = dict(a=dict(weight_decay=0.1, lr=1e-3))\n"
+AT = "phases = [dict(name='t', kind='at', arms=('a',), seeds=(1,))]\n"
+
+
+@pytest.mark.parametrize('body, words', [
+    ("arms = dict(a=dict(lr=1e-3))\n" + AT, "arm a has no weight_decay: fix it"),
+    ("arms = dict(a=dict(weight_decay=0.1))\n" + AT,
+     "phase 't': arm a has neither lr nor grid"),
+    (FIXED + "phases = [dict(name='t', kind='at', arms=('a',), seeds=1)]\n",
+     r"phase 't': seeds must be a tuple of integers \(seeds=\(301, 302\)\), got 1$"),
+    (FIXED + "phases = [dict(name='t', kind='at', arms=('a',))]\n", "seeds .* got None$"),
+    ("arms = dict(a=dict(weight_decay=0.1, grid=(1e-3, 2e-3)))\n" + AT,
+     "arm a tunes its LR over a grid, on no seeds: declare tuning=dict"),
+    ("arms = dict(a=dict(grid=(1e-3, 2e-3)))\ntuning = dict(seeds=(1,))\n" + AT,
+     "arm a has no weight_decay"),
+    ("arms = dict(a=dict(weight_decay=0.1, lr=1e-3, settings=dict(max_iter=20)))\n" + AT,
+     r"arm a: unknown train.py setting 'max_iter' \(did you mean 'max_iters'\?\)$"),
+    (FIXED + "phases = [dict(name='t', kind='at', arms=('a',), seeds=(1,), "
+     "settings=dict(eval_interal=5))]\n", "phase 't': unknown train.py setting 'eval_interal'"),
+    ("arms = dict(a=dict(grid=(1e-3,)))\ntuning = dict(seeds=(1,))\n"
+     "phases = [dict(name='c', kind='climb', arms=('a',), seeds=(1,), above=1e-3, steps=2)]\n",
+     "arm a has no weight_decay"),
+    ("arms = dict(a=dict(weight_decay=0.1))\n"
+     "phases = [dict(name='c', kind='climb', arms=('a',), seeds=(1,))]\n",
+     r"phase 'c': a climb names the LR it starts above and its number of steps"),
+])
+def test_a_study_files_mistakes_are_one_line_when_it_loads(tmp_path, body, words):
+    # each once ended in a traceback, planned nothing, or failed only when train.py started
+    bad = tmp_path / 'bad.py'
+    bad.write_text("name = 'x'\nbase = ('config/small.py',)\n" + body)
+    with pytest.raises(P.UserError, match=f"^{re.escape(str(bad))}: .*{words}"):
+        P.load_study(str(bad))
+
+
+def test_a_misspelt_reuse_a_table_given_wrong_parameters_and_no_docs_are_one_line(tmp_path):
+    study = tmp_path / 's.py'
+    study.write_text("name = 'x'\nbase = ('config/small.py',)\n" + FIXED + AT
+                     + "reuse = ('v44',)\ntables = dict(t=dict(kind='verdicts', comparison=[]))\n")
+    s, root = P.load_study(str(study)), str(tmp_path / 'experiments')
+    with pytest.raises(P.UserError, match=f"reuse names 'v44', but {root}/v44/ does not exist"):
+        S.main([str(study), f'--root={root}', '--status=True'])
+    with pytest.raises(P.UserError, match=r"table t of kind 'verdicts': missing a required "
+                                          r"argument: 'comparisons' \(its parameters: comparisons"):
+        docs.blocks(s, root)
+    with pytest.raises(P.UserError, match=f"^{re.escape(str(study))} declares no docs"):
+        docs.write_report(s, root)
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_makes_the_runner_fail_in_one_line(data_root, tmp_path, capsys):
+    path = tiny_study(tmp_path, str(tmp_path / 'no_data'))  # train.py: no prepared dataset
+    with pytest.raises(P.UserError, match=r"^4 run\(s\) failed, \S+_s1 first "
+                                          r"\(its error is above, and in .*/stderr.txt\): fix"):
+        S.main([path, f'--root={tmp_path / "e"}', f'--work_root={tmp_path / "w"}', '--jobs=2',
+                '--threads=1', '--print=False'])
+    assert 'error: no prepared dataset' in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_a_new_study_file_runs_commits_and_reports_and_its_print_lines_do_the_same(
         data_root, tmp_path, capsys):
@@ -552,7 +612,8 @@ def test_a_signal_stops_the_runner_and_its_runs_save_their_checkpoints(data_root
     # a run with nothing to resume from is carried no more, and an empty carry folder goes
     shutil.rmtree(run_dir)
     S.main([path, f'--root={root}', f'--work_root={work}', '--carry=True'])
-    assert capsys.readouterr().out.startswith("carried 0 run(s)")
+    assert capsys.readouterr().out == "nothing to carry: no run of tiny is stopped part-way in " \
+        "the work folders\n"
     assert not os.path.exists(os.path.join(root, 'tiny', 'carry'))
 
 
