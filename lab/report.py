@@ -118,13 +118,18 @@ def table(runs):
     rows = ([warning, ''] if warning else []) + [
         *md.head('run', 'variant', 'params', 'tokens', 'final val loss (full split)',
                  'best val loss (fixed windows)', 'vs first', 'tokens/s (median)')]
+    windows = [r['name'] for r in runs if 'val_loss_full' not in r['evals'][-1]]
     for r, variant in zip(runs, describe(runs)):
         speeds = [e['tokens_per_s'] for e in r['steps'] if e.get('tokens_per_s')]
         speed = f"{statistics.median(speeds):,.0f}" if speeds else "-"
+        mark = '*' if r['name'] in windows else ''
         rows.append(f"| {r['name']} | {variant} | {fmt_params(r['params'])} "
                     f"| {r['evals'][-1]['tokens']:,} | "
-                    f"{final(r):.4f} | {min(e['val_loss'] for e in r['evals']):.4f} | "
+                    f"{final(r):.4f}{mark} | {min(e['val_loss'] for e in r['evals']):.4f} | "
                     f"{100 * (final(r) - ref) / ref:+.2f}% | {speed} |")
+    if windows:  # a run still going, or stopped before its final evaluation
+        rows += ['', "\\* no full-split loss yet: the fixed-window loss of the run's last "
+                 "evaluation, at the tokens shown"]
     return '\n'.join(rows) + '\n'
 
 

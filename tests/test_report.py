@@ -102,7 +102,10 @@ def test_report_aggregates_paired_seeds_and_states_the_verdict(tmp_path):
     sd = (sum((g - mean) ** 2 for g in gaps) / 2) ** 0.5
     half = 4.303 * sd / 3 ** 0.5  # one comparison: the 95% t interval, 2 degrees of freedom
     p = stats.compare([gaps])[0]['p_t']
-    rows = md_path.read_text().split('\n\n')[1].splitlines()
+    sections = md_path.read_text().split('\n\n')
+    # the fake runs log no full-split loss: the run table marks its finals as window losses
+    assert sections[1].startswith("\\* no full-split loss yet: the fixed-window loss")
+    rows = sections[2].splitlines()
     assert rows[2] == "| base | 0.1 | 3 | 2.0000 +- 0.1000 | (reference) | | | |"
     assert rows[3] == (f"| red | 0.03125 | 3 | 2.0133 +- 0.1102 | {mean:+.2f}% +- {sd:.2f}% | "
                        f"[{mean - half:+.2f}%, {mean + half:+.2f}%] (95.0%) | {p:.3f} ({p:.3f}) "
@@ -202,6 +205,7 @@ def test_the_variant_column_names_every_setting_that_differs(tmp_path):
     rows = report.table([report.read_run(d) for d in dirs]).splitlines()
     assert rows[2].startswith('| plain | W_Q=I, pos=learned, qk_norm=off |')
     assert rows[3].startswith('| modern | W_Q=I, pos=rope, qk_norm=on |')
+    assert '| 2.0000* | 2.0000 |' in rows[2]  # no full-split loss logged: marked, and said below
 
 
 def test_runs_of_different_lengths_get_a_warning_in_table_and_figure(tmp_path, monkeypatch):
