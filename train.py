@@ -461,7 +461,7 @@ def all_ranks_log_step(run, step_loss, grad_norm, lr, dt):
     if not run.process.master:
         return
     timing = f", {dt * 1000:.1f} ms/iter, eta {format_eta(eta)}" if dt else ""
-    print(f"iter {iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}{timing}"
+    print(f"iter {iter_num}: loss {loss:.4f}, grad norm {grad_norm:.3g}, lr {lr:.2e}{timing}"
           + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
     run.record.log(iter=iter_num, tokens=run.state.tokens_seen, lr=lr, loss=loss,
                    grad_norm=grad_norm, dt_ms=dt and dt * 1000, tokens_per_s=dt and tokens / dt,
