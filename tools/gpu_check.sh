@@ -21,6 +21,9 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   BENCH="$GEOM --vocab_size=512 --batch_size=2 --steps=2 --warmup=1 --device=cpu"
   TRAIN="$GEOM --batch_size=2 --gradient_accumulation_steps=1 --device=cpu --compile=False --dtype=float32"
   STEPS=4; SAMPLE="$BENCH --max_new_tokens=20"; TOK=byte; export OMP_NUM_THREADS=1; DATA=${DATA_ROOT:-$OUT/data}
+elif ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+  echo "error: torch sees no CUDA GPU here: run this on a CUDA machine, or DRY_RUN=1 for the CPU rehearsal" >&2
+  exit 2
 else
   BENCH="--block_size=1024 --batch_size=16 --steps=60 --warmup=3"  # 20 steps left reduced and baseline overlapping
   TRAIN="--batch_size=16 --gradient_accumulation_steps=1"
@@ -52,9 +55,9 @@ bench_steps() {
 R=${RUN_DIR:-$OUT/run}  # the run's folder (its checkpoint is large: RUN_DIR can put it elsewhere)
 short_run() {
   run python prepare.py --dataset=pydocs --tokenizer=$TOK --out_name=pydocs_$TOK --progress=False --data_root="$DATA" || return
-  rm -rf "$R"
   run torchrun --standalone --nproc_per_node=1 train.py config/reduced.py --dataset=pydocs_$TOK --data_root="$DATA" --out_dir="$R" $TRAIN \
-      --max_iters=$((STEPS / 2)) --eval_interval=$((STEPS / 2)) --eval_iters=5 --log_interval=5 --keep_checkpoints="()" || return
+      --max_iters=$((STEPS / 2)) --eval_interval=$((STEPS / 2)) --eval_iters=5 --log_interval=5 --keep_checkpoints="()" \
+      --overwrite=True || return  # a run there before is replaced, and nothing else in the folder
   run torchrun --standalone --nproc_per_node=1 train.py config/reduced.py --dataset=pydocs_$TOK --data_root="$DATA" --out_dir="$R" $TRAIN \
       --max_iters=$STEPS --eval_interval=$((STEPS / 2)) --eval_iters=5 --log_interval=5 --keep_checkpoints="()" \
       --init_from=resume
