@@ -505,10 +505,28 @@ def test_a_misspelt_reuse_a_table_given_wrong_parameters_and_no_docs_are_one_lin
     with pytest.raises(P.UserError, match=f"reuse names 'v44', but {root}/v44/ does not exist"):
         S.main([str(study), f'--root={root}', '--status=True'])
     with pytest.raises(P.UserError, match=r"table t of kind 'verdicts': missing a required "
-                                          r"argument: 'comparisons' \(its parameters: comparisons"):
+                                          r"argument: 'comparisons' \(its parameters: "
+                                          r"comparisons"):
         docs.blocks(s, root)
     with pytest.raises(P.UserError, match=f"^{re.escape(str(study))} declares no docs"):
         docs.write_report(s, root)
+
+
+def test_the_docs_example_study_loads_plans_its_runs_and_fills_its_block(tmp_path):
+    text = open(os.path.join(HERE, 'docs', 'experiments.md')).read()
+    section = text.split('### A study of your own')[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    block = re.search(r"```\n(<!-- generated: \w+ -->\n<!-- end -->\n)```", section).group(1)
+    mine = repr(str(tmp_path / 'mine.md'))
+    (tmp_path / 'mine.py').write_text(code.replace("'docs/mine.md'", mine))
+    (tmp_path / 'mine.md').write_text(block)
+    s = P.load_study(str(tmp_path / 'mine.py'))
+    runs = P.plan(s, {}).phases['test']
+    assert [r.name for r in runs] == [f'{arm}_lr0.002_wd{wd:g}_s{seed}' for seed in (1, 2, 3)
+                                      for arm, wd in (('baseline', 0.1), ('reduced', 2 ** -5))]
+    made = docs.write_report(s, str(tmp_path / 'experiments'))
+    assert made == {'mine_verdict': 'Not yet: paired seeds so far reduced − baseline 0 of 3.\n'}
+    assert made['mine_verdict'] in (tmp_path / 'mine.md').read_text()
 
 
 @pytest.mark.slow
