@@ -201,9 +201,9 @@ def test_gpu_check_dry_run_writes_its_results(tmp_path):
         assert 'failed' not in pytest_out
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason='on a CUDA machine the script runs the check')
+@pytest.mark.skipif(torch.cuda.is_available(), reason='on a CUDA machine it runs the check')
 def test_gpu_check_without_a_gpu_stops_in_one_line(tmp_path):
-    # it once started GPT-2 small's benchmark on the CPU, for hours
+    # it once started GPT-2 small's benchmark on the CPU
     env = {k: v for k, v in os.environ.items() if k != 'DRY_RUN'}
     r = subprocess.run(['bash', 'tools/gpu_check.sh'], cwd=HERE, env=dict(env, OUT=str(tmp_path)),
                        capture_output=True, text=True, timeout=120)
