@@ -516,7 +516,9 @@ def test_the_docs_example_study_loads_plans_its_runs_and_fills_its_block(tmp_pat
     text = open(os.path.join(HERE, 'docs', 'experiments.md')).read()
     section = text.split('### A study of your own')[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    block = re.search(r"```\n(<!-- generated: \w+ -->\n<!-- end -->\n)```", section).group(1)
+    begin, end = re.search(r"a line `(<!-- generated: \w+ -->)`\nand, on the next, "
+                           r"`(<!-- end -->)`", section).groups()
+    block = f"{begin}\n{end}\n"
     mine = repr(str(tmp_path / 'mine.md'))
     (tmp_path / 'mine.py').write_text(code.replace("'docs/mine.md'", mine))
     (tmp_path / 'mine.md').write_text(block)
