@@ -81,6 +81,24 @@ def clean(text):
     return re.sub(r'\[.*?\]', '', text).replace('  ', ' ')
 
 
+def check_item(doc):
+    """Why doc is not a HellaSwag record, or None: a wrong label or ending scores silently."""
+    missing = [k for k in FIELDS if k not in doc]
+    if missing:
+        return f"it lacks {', '.join(missing)}"
+    endings, label = doc['endings'], doc['label']
+    if not isinstance(endings, list) or not all(isinstance(e, str) for e in endings):
+        return "its endings are not a list of strings"
+    if len(endings) < 2:
+        return "it has fewer than two endings"
+    if not all(isinstance(doc[k], str) for k in ('ctx_a', 'ctx_b', 'activity_label')):
+        return "its ctx_a, ctx_b and activity_label are not all strings"
+    if isinstance(label, bool) or not isinstance(label, (int, str)) or not (
+            str(label).isdigit() and int(label) < len(endings)):
+        return f"its label {label!r} is not the index of one of its {len(endings)} endings"
+    return None
+
+
 def item(doc):
     """(context, endings, gold) of one HellaSwag record."""
     context = clean(f"{doc['activity_label']}: {doc['ctx_a']} {doc['ctx_b'].capitalize()}")
@@ -95,16 +113,20 @@ def load(data, limit=None, key='--data'):
         raise UserError(f"no HellaSwag file at {path}: pass {key}=path/to/file.jsonl, or "
                         f"{key}=download")
     items = []
-    with open(path, encoding='utf-8') as f:
-        for number, line in enumerate(f, 1):
+    with open(path, 'rb') as f:  # bytes, so that a line that is not UTF-8 is named
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode('utf-8-sig' if number == 1 else 'utf-8')
+            except UnicodeDecodeError:
+                raise UserError(f"{path} line {number} is not UTF-8 text: save the file as "
+                                "UTF-8") from None
             if not line.strip():
                 continue
             try:
                 doc = json.loads(line)
-                missing = [k for k in FIELDS if k not in doc]
-                if missing or len(doc['endings']) < 2:
-                    raise ValueError(f"it lacks {', '.join(missing)}" if missing
-                                     else "it has fewer than two endings")
+                reason = check_item(doc) if isinstance(doc, dict) else "it is not an object"
+                if reason:
+                    raise ValueError(reason)
                 items.append(item(doc))
             except (ValueError, TypeError, AttributeError) as e:
                 raise UserError(f"{path} line {number} is not a HellaSwag item ({e}): it needs "

@@ -193,6 +193,16 @@ def test_the_val_set_downloads_once_into_the_cache(tmp_path, monkeypatch, capsys
     ('not json', 'line 2 is not a HellaSwag item'),
     ('{"ctx_a": "a", "ctx_b": "b", "activity_label": "c", "endings": ["x"], "label": 0}',
      'it has fewer than two endings'),
+    # each of these once scored silently, as a wrong answer or a mangled item
+    ('{"ctx_a": "a", "ctx_b": "b", "activity_label": "c", "endings": ["x", "y"], "label": 7}',
+     'its label 7 is not the index of one of its 2 endings'),
+    ('{"ctx_a": "a", "ctx_b": "b", "activity_label": "c", "endings": ["x", "y"], "label": -1}',
+     'its label -1 is not the index'),
+    ('{"ctx_a": "a", "ctx_b": "b", "activity_label": "c", "endings": "abcd", "label": 0}',
+     'its endings are not a list of strings'),
+    ('{"ctx_a": null, "ctx_b": "b", "activity_label": "c", "endings": ["x", "y"], "label": 0}',
+     'its ctx_a, ctx_b and activity_label are not all strings'),
+    ('[1, 2]', 'it is not an object'),
 ])
 def test_a_bad_item_file_is_one_line(tmp_path, command_line, line, message):
     path = tmp_path / 'items.jsonl'
@@ -202,3 +212,14 @@ def test_a_bad_item_file_is_one_line(tmp_path, command_line, line, message):
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err
     code, err = command_line(hellaswag, [f'--data={tmp_path}/none.jsonl'])
     assert code == 2 and 'no HellaSwag file at' in err
+
+
+def test_a_file_that_is_not_utf8_is_one_line_and_a_bom_is_read(tmp_path, command_line):
+    good = open(write_items(tmp_path / 'good.jsonl')).readline()
+    path = tmp_path / 'items.jsonl'
+    path.write_bytes(good.encode() + good.replace('"label"', '"lab\u00e9l"').encode('latin-1'))
+    code, err = command_line(hellaswag, [f'--data={path}', f'--out_dir={tmp_path}'])
+    assert code == 2 and err.strip() == f"error: {path} line 2 is not UTF-8 text: save the file " \
+        "as UTF-8"
+    path.write_bytes(b'\xef\xbb\xbf' + good.encode())  # a BOM, as some editors save
+    assert hellaswag.load(str(path)) == hellaswag.load(str(tmp_path / 'good.jsonl'))[:1]
