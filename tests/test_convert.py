@@ -175,6 +175,13 @@ def test_gpt2_import_errors_are_clear(tmp_path):
     with pytest.raises(UserError, match="init_from 'gpt3' is no file or folder here"):
         with model_errors():
             GPT.from_pretrained('gpt3')
+    run = tmp_path / 'out-run'  # a run folder has a config.json too: not GPT-2's weights
+    run.mkdir()
+    (run / 'ckpt.pt').write_bytes(b'')
+    (run / 'config.json').write_text('{}')
+    with pytest.raises(ValueError, match=f"^{run} is a run folder, not GPT-2 weights: name its "
+                                         f"checkpoint \\(init_from={run}/ckpt.pt\\)"):
+        GPT.from_pretrained(str(run))
     pytest.importorskip('transformers', reason=HF)
     with pytest.raises(ValueError, match="cannot load GPT-2 weights 'gpt2'.*without network"):
         GPT.from_pretrained('gpt2')  # the hub is unreachable here (HF_HUB_OFFLINE in conftest)
