@@ -530,9 +530,10 @@ def load_hf_gpt2(name_or_path):
                          f"{', '.join(GPT2_SIZES)}: name one of those, a local GPT-2 folder or a "
                          "checkpoint file (train.py also takes scratch, resume and auto)")
     if os.path.isfile(os.path.join(str(name_or_path), 'ckpt.pt')):  # a kvgpt run's folder
-        raise ValueError(f"{name_or_path} is a run folder, not GPT-2 weights: name its checkpoint "
-                         f"(init_from={os.path.join(str(name_or_path), 'ckpt.pt')}), or pass "
-                         f"out_dir={name_or_path} with init_from=resume (sample.py: out_dir alone)")
+        raise ValueError(f"{name_or_path} is a run folder, not GPT-2 weights: name its "
+                         f"checkpoint (init_from={os.path.join(str(name_or_path), 'ckpt.pt')}), "
+                         f"or pass out_dir={name_or_path} with init_from=resume (sample.py: "
+                         "out_dir alone)")
     try:
         from transformers import GPT2LMHeadModel
     except ImportError:

@@ -61,6 +61,12 @@ def model_from_checkpoint(path, verbose=True, resume=False):
     every key a resume reads is checked too."""
     from model import GPT
     ckpt = load_checkpoint(path, resume=resume)
+    bad = [k for k, v in ckpt['model'].items()
+           if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:  # a diverged run's weights (nanoGPT saves them): sampling would fail or print NULs
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise UserError(f"{path} holds non-finite weights ({bad[0]}{more}): the run diverged "
+                        "before this was saved; use an earlier checkpoint")
     with model_errors(path):
         return GPT.from_checkpoint(ckpt, verbose=verbose), ckpt
 

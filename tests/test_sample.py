@@ -177,6 +177,19 @@ def test_a_checkpoint_file_samples_as_its_run_does(trained, tmp_path):
         sample.sample(base)
 
 
+def test_a_checkpoint_with_non_finite_weights_is_one_line(trained, tmp_path):
+    # a diverged nanoGPT run saves one: sampling raised in torch, or printed NULs greedily
+    _, out = trained
+    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    name = next(iter(ckpt['model']))
+    ckpt['model'][name][0] = float('nan')
+    torch.save(ckpt, tmp_path / 'nan.pt')
+    with pytest.raises(UserError, match=f"^{tmp_path}/nan.pt holds non-finite weights "
+                                        f"\\({name}.*\\): the run diverged before this"):
+        sample.sample(dict(sample.DEFAULTS, init_from=str(tmp_path / 'nan.pt'), device='cpu',
+                           temperature=0.0))
+
+
 @pytest.mark.parametrize('kw,message', [
     (dict(init_from='/no/such/ckpt_5.pt'), "init_from '/no/such/ckpt_5.pt' is no file or folder"),
     (dict(top_k=0), 'top_k must be a positive integer'),
