@@ -51,12 +51,12 @@ def made_by(ctx, specs, kinds, what):
         if kind not in kinds:
             raise UserError(f"{ctx.s.path}: {what} {name} has unknown kind {kind!r} (one of "
                             f"{', '.join(kinds)})")
+        signature = inspect.signature(kinds[kind])
         try:  # the parameters checked first: a TypeError from inside is the kind's own
-            inspect.signature(kinds[kind]).bind(ctx, **spec)
+            signature.bind(ctx, **spec)
         except TypeError as e:
             raise UserError(f"{ctx.s.path}: {what} {name} of kind {kind!r}: {e} (its parameters: "
-                            f"{', '.join(list(inspect.signature(kinds[kind]).parameters)[1:])})"
-                            ) from None
+                            f"{', '.join(list(signature.parameters)[1:])})") from None
         out[name] = kinds[kind](ctx, **spec)
     return out
 
