@@ -230,15 +230,30 @@ def open_dataset(data_root, name, block_size):
                             f"`python prepare.py --dataset=...` for {name} again")
         if bins:
             return open_shards(data_dir, block_size)
-        root = '' if os.path.normpath(data_root) == 'data' else f" --data_root={data_root}"
-        raise UserError(f"no prepared dataset at {data_dir}: run "
-                        f"`python prepare.py --dataset={name}{root}` first")
+        raise UserError(missing_dataset(data_root, name))
     meta = read_json(meta_path, 'meta.json')
     problem = bins_match_meta(data_dir, meta)
     if problem:
         raise UserError(problem)
     check_long_enough(data_dir, meta, block_size)
     return checked(Dataset(data_dir, meta, block_size))
+
+
+def missing_dataset(data_root, name):
+    """What to do when data_root/<name> holds nothing to read. --dataset names the folder that
+    prepare.py wrote, which a source file or path gives without its folders and extension."""
+    root = '' if os.path.normpath(data_root) == 'data' else f" --data_root={data_root}"
+    data_dir = os.path.join(data_root, name)
+    prepared = os.path.splitext(os.path.basename(os.path.normpath(name)))[0]
+    if not prepared or prepared == name:
+        return (f"no prepared dataset at {data_dir}: run "
+                f"`python prepare.py --dataset={name}{root}` first")
+    if os.path.exists(os.path.join(data_root, prepared, 'meta.json')):
+        return (f"--dataset names a folder under {data_root}, not the source: pass "
+                f"--dataset={prepared}")
+    return (f"no prepared dataset at {data_dir}: --dataset names a folder under {data_root}, "
+            f"not the source; run `python prepare.py --dataset={name}{root}`, then train with "
+            f"--dataset={prepared}")
 
 
 def unfinished_prepare(data_dir, bins):

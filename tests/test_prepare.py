@@ -126,6 +126,19 @@ def test_the_advice_for_a_missing_dataset_names_its_data_root(tmp_path, monkeypa
         open_dataset('data/', 'docs', 8)
 
 
+def test_the_advice_for_a_source_file_names_the_folder_prepare_writes(tmp_path, monkeypatch):
+    """--dataset=input.txt names the source; prepare.py writes data/input, which train reads."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"run `python prepare.py --dataset=input.txt`, then "
+                                        r"train with --dataset=input$"):
+        open_dataset('data', 'input.txt', 8)
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    run(tmp_path, dataset=src, tokenizer='byte')
+    with pytest.raises(UserError, match=r"not the source: pass --dataset=docs$"):
+        open_dataset('data', src, 8)
+    assert open_dataset('data', 'docs', 8).meta['train_tokens'] > 0  # the advice works
+
+
 @pytest.mark.gpt2_bpe
 def test_failed_run_leaves_nothing_finished_looking(tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
