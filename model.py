@@ -550,7 +550,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     """One token per row from logits (B, V): greedy at temperature 0, else top-k, then nucleus."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
+    # less the row's largest first: a tiny temperature then sends the others to -inf, not inf/inf
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
         logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))

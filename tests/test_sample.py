@@ -110,6 +110,16 @@ def test_sampling_filters():
     assert {sample_next(logits, 1.0, top_k=2, generator=g).item() for _ in range(100)} == {1, 2}
 
 
+def test_a_tiny_temperature_samples_the_greedy_token():
+    """logits / 1e-45 overflow to inf, whose softmax is nan: the limit is greedy, and so is this."""
+    logits = torch.tensor([[1.0, 3.0, 2.0, float('-inf')], [0.5, -2.0, 0.25, 0.0]])
+    g = torch.Generator().manual_seed(0)
+    for temperature in (1e-45, 1e-30):
+        assert sample_next(logits, temperature, generator=g).flatten().tolist() == [1, 0]
+        filtered = sample_next(logits, temperature, top_k=2, top_p=0.5, generator=g)
+        assert filtered.flatten().tolist() == [1, 0]
+
+
 def test_eos_stops_generation():
     model = tiny()
     first = model.generate(torch.zeros(1, 1, dtype=torch.long), 6, temperature=0.0)
