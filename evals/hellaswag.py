@@ -15,11 +15,15 @@ an exported model). train.py runs it at the end and every hellaswag_interval ste
 import json
 import os
 import re
+import sys
 import time
 import urllib.request
 
 import torch
 import torch.nn.functional as F
+
+if not __package__:  # run as a file, not with -m: import from the repository root all the same
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.device import DTYPES, setup_device

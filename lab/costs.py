@@ -23,6 +23,9 @@ import unittest.mock
 
 import torch
 
+if not __package__:  # run as a file, not with -m: import from the repository root all the same
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 import bench
 from bench import batches, sync, timed_step, variant_config, write_results
 from kvgpt.config import Kind, defaults, keys, parse_config

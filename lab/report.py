@@ -21,6 +21,9 @@ import sys
 
 import torch
 
+if not __package__:  # run as a file, not with -m: import from the repository root all the same
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from kvgpt.checkpoint import load_checkpoint
 from kvgpt.config import Kind, defaults, keys, parse_config, variants
 from kvgpt.errors import UserError, run_main

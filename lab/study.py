@@ -37,6 +37,9 @@ import subprocess
 import sys
 import time
 
+if not __package__:  # run as a file, not with -m: import from the repository root all the same
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import atomic_write

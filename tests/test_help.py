@@ -72,14 +72,21 @@ def test_help_is_the_table_of_keys_and_every_model_field_has_its_line():
 # every script run as `__main__` with --help, in one interpreter (torch imported once): each
 # entry point, as `python train.py --help` or `python -m lab.study --help` runs it
 MAINS = """
-import contextlib, io, json, runpy, sys
+import contextlib, io, json, os, runpy, sys
+PROJECT = {'kvgpt', 'lab', 'tools', 'evals', 'model', 'train', 'sample', 'prepare', 'bench'}
 said = {}
 for name in sys.argv[1:]:
     out, err = io.StringIO(), io.StringIO()
     sys.argv = [name, '--help']
+    if '/' in name:  # as `python tools/export.py` runs it: its folder on the path, no -m
+        sys.path[0] = os.path.dirname(os.path.abspath(name))
+        for module in [m for m in sys.modules if m.split('.')[0] in PROJECT]:
+            del sys.modules[module]  # imported afresh, as a new interpreter would
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            if '.' in name:
+            if '/' in name:
+                runpy.run_path(name, run_name='__main__')
+            elif '.' in name:
                 runpy.run_module(name, run_name='__main__', alter_sys=True)
             else:
                 runpy.run_path(name + '.py', run_name='__main__')
@@ -93,10 +100,11 @@ print(json.dumps(said))
 
 @pytest.mark.slow
 def test_help_from_the_command_line_exits_zero():
-    """--help on every script's entry point, and -h on train.py's real command line (the same
-    branch of config.parse_config)."""
-    r = subprocess.run([sys.executable, '-c', MAINS, *SCRIPTS], cwd=HERE, capture_output=True,
-                       text=True, timeout=120)
+    """--help on every script's entry point, the package's scripts also run as files (python
+    tools/export.py), and -h on train.py's real command line (the same branch of parse_config)."""
+    as_files = [name.replace('.', '/') + '.py' for name in SCRIPTS if '.' in name]  # no -m
+    r = subprocess.run([sys.executable, '-c', MAINS, *SCRIPTS, *as_files], cwd=HERE,
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     for name, (code, out, err) in json.loads(r.stdout.splitlines()[-1]).items():
         assert code == 0 and err == '' and '  --' in out, (name, code, err[-300:])

@@ -27,9 +27,13 @@ the gap, a starting point for fine-tuning.
 """
 import math
 import os
+import sys
 from dataclasses import asdict
 
 import torch
+
+if not __package__:  # run as a file, not with -m: import from the repository root all the same
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from kvgpt.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from kvgpt.config import Kind, defaults, keys, parse_config

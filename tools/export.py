@@ -15,8 +15,12 @@ checkpoint is only read. out_dir is replaced whole, so it must be new, empty or 
 """
 import os
 import shutil
+import sys
 
 import torch
+
+if not __package__:  # run as a file, not with -m: import from the repository root all the same
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from kvgpt.checkpoint import model_from_checkpoint
 from kvgpt.config import Kind, defaults, keys, parse_config
