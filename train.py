@@ -432,9 +432,11 @@ def train_loop(run):
 def all_ranks_check_finite(run, nonfinite):
     """The ranks agree that no loss since the last check was non-finite, or all stop with it."""
     if distributed.any_rank(run.process, nonfinite):
-        raise UserError(f"the loss became non-finite by iter {run.state.iter_num}; the last good "
-                        f"checkpoint in {run.settings['out_dir']} is untouched: lower "
-                        "learning_rate, use dtype=bfloat16, or resume from it")
+        path = os.path.join(run.settings['out_dir'], 'ckpt.pt')
+        advice = "lower learning_rate or use dtype=bfloat16"
+        kept = (f"the last good checkpoint, {path}, is untouched: {advice}, or resume from it"
+                if os.path.exists(path) else f"no checkpoint was saved before it: {advice}")
+        raise UserError(f"the loss became non-finite by iter {run.state.iter_num}; {kept}")
 
 
 @all_ranks
@@ -553,8 +555,9 @@ def all_ranks_save(run, reason, name='ckpt.pt'):
     run's record may describe it."""
     loop_state, iter_num = run.state.state_dict(), run.state.iter_num  # the RNG's: a collective
     path, error, master = os.path.join(run.settings['out_dir'], name), None, run.process.master
+    kept = f"the previous {path} is untouched" if os.path.exists(path) else f"{path} is not written"
     if master and not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
-        error = f"parameters are non-finite at iter {iter_num}; not saving: {path} stays"
+        error = f"parameters are non-finite at iter {iter_num}; not saving: {kept}"
     elif master:
         # the record is written before the new ckpt.pt replaces the old one: if it fails, both stay
         commit_record = run.record.commit if name == 'ckpt.pt' else None
@@ -566,7 +569,7 @@ def all_ranks_save(run, reason, name='ckpt.pt'):
                 **loop_state), path, before_replace=commit_record)
             run.record.stale.discard(os.path.abspath(path))  # this run's own now
         except OSError as e:
-            error = f"{fs_error(e, path)}; the previous checkpoint there is untouched"
+            error = f"{fs_error(e, path)}; {kept}"
         except UserError as e:  # the record: the checkpoint and the record are as they were
             error = f"{e}; {path} and the run's record are as they were"
     if distributed.any_rank(run.process, error is not None):

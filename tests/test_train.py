@@ -177,9 +177,15 @@ def test_nonfinite_loss_stops_and_keeps_the_good_checkpoint(data_root, tmp_path,
         calls.append(1)
         return logits, (loss * float('nan') if self.training and len(calls) > 3 else loss)
     monkeypatch.setattr(GPT, 'forward', poisoned)
-    with pytest.raises(UserError, match='non-finite'):
+    with pytest.raises(UserError, match=f"non-finite by iter .*; the last good checkpoint, "
+                                        f"{tmp_path}/ckpt.pt, is untouched: .*, or resume"):
         run(data_root, tmp_path, init_from='resume', max_iters=20, log_interval=100)
     assert (tmp_path / 'ckpt.pt').read_bytes() == good
+    calls.clear()  # a new run that diverges before its first save has no checkpoint to resume
+    with pytest.raises(UserError, match="no checkpoint was saved before it: lower learning_rate "
+                                        "or use dtype=bfloat16$"):
+        run(data_root, tmp_path / 'new', max_iters=20, log_interval=100)
+    assert not (tmp_path / 'new' / 'ckpt.pt').exists()
 
 
 def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path, monkeypatch):
