@@ -18,6 +18,7 @@ from filelock import FileLock
 
 from kvgpt.errors import UserError, fs_error
 from kvgpt.files import read_json, write_json
+from kvgpt.tokenizer import TOKENIZERS
 
 
 # -----------------------------------------------------------------------------
@@ -49,6 +50,8 @@ def meta_problem(meta):
             return f"its '{key}' is {meta[key]!r}, not a {kind.__name__}"
     if meta['dtype'] not in BIN_DTYPES:
         return f"its dtype {meta['dtype']!r} is not one of {', '.join(BIN_DTYPES)}"
+    if meta['tokenizer'] not in TOKENIZERS:  # else it trains, and sample.py cannot read it
+        return f"its tokenizer {meta['tokenizer']!r} is not one of {', '.join(TOKENIZERS)}"
     digests = meta.get('digests', {})
     if not (isinstance(digests, dict) and all(isinstance(v, str) for v in digests.values())):
         return f"its 'digests' is {digests!r}, not an object of texts"

@@ -227,6 +227,7 @@ def test_token_ids_at_or_above_the_vocabulary_are_one_line(data_copy, tmp_path, 
     (lambda m: m.pop('train_tokens'), "it has no 'train_tokens'"),
     (lambda m: m.update(vocab_size='257'), "its 'vocab_size' is '257', not a int"),
     (lambda m: m.update(dtype='float32'), "its dtype 'float32' is not one of"),
+    (lambda m: m.update(tokenizer='llama'), "its tokenizer 'llama' is not one of byte, gpt2"),
     (lambda m: m.update(digests=[1]), "its 'digests' is [1], not an object of texts"),
 ])
 def test_a_damaged_meta_json_is_one_line(data_copy, tmp_path, command_line, change, problem):
