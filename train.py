@@ -675,8 +675,24 @@ def train(c):
             lock.release(started=run is not None and run.record is not None and run.record.started)
 
 
+def out_of_memory(e, c):
+    """The one line for a batch or model the device's memory cannot hold, else None."""
+    if not (isinstance(e, (torch.OutOfMemoryError, MemoryError))
+            or "DefaultCPUAllocator: can't allocate memory" in str(e)):
+        return None
+    return (f"out of memory on {c['device']} at batch_size {c['batch_size']} and block_size "
+            f"{c['block_size']}: lower batch_size and raise gradient_accumulation_steps by the "
+            "same factor (the tokens per step stay), or train a smaller model")
+
+
 def main(argv=None):
-    run = train(settings(argv))
+    c = settings(argv)
+    try:
+        run = train(c)
+    except (RuntimeError, MemoryError) as e:
+        if out_of_memory(e, c) is None:
+            raise
+        raise UserError(out_of_memory(e, c)) from None
     if run.signals.stopped is not None:  # stopped early, on every rank: not taken as finished
         sys.exit(128 + run.signals.stopped[1])
     return run

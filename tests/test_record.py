@@ -147,6 +147,27 @@ def test_a_full_disk_at_a_later_save_keeps_the_previous_checkpoint(data_root, tm
         assert not (out / 'ckpt.pt.tmp').exists()
 
 
+@pytest.mark.parametrize('exhaust', [
+    lambda: torch.empty(10 ** 13),  # the CPU allocator's own failure, 40 TB: refused at once
+    lambda: np.empty(10 ** 14),  # numpy's, where the batch is built
+    lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory. Tried to ...")),
+])
+def test_out_of_memory_is_one_line_that_says_what_to_lower(data_root, tmp_path, monkeypatch,
+                                                           command_line, exhaust):
+    run(data_root, tmp_path / 'run', max_iters=2, eval_interval=2)
+    before = record(tmp_path / 'run')
+    monkeypatch.setattr(train.GPT, 'forward', lambda *a, **kw: exhaust())
+    code, err = command_line(train, argv(data_root, tmp_path / 'run', init_from='resume',
+                                         max_iters=4))
+    line = one_line(err)
+    assert code == 2 and line.startswith("error: out of memory on cpu at batch_size 4 ")
+    assert "lower batch_size and raise gradient_accumulation_steps by the same factor" in line
+    assert record(tmp_path / 'run') == before
+    monkeypatch.setattr(train.GPT, 'forward', lambda *a, **kw: torch.ones(2) @ torch.ones(3))
+    with pytest.raises(RuntimeError, match='inconsistent tensor size'):  # any other: not called so
+        command_line(train, argv(data_root, tmp_path / 'run', init_from='resume', max_iters=4))
+
+
 def test_a_read_only_out_dir_is_one_line_for_a_new_run_and_a_resume(data_root, tmp_path,
                                                                      command_line):
     with tmpfs(tmp_path / 'fs', 4 * 2 ** 20) as fs:
