@@ -175,6 +175,45 @@ def check_jsonl(path):
     return None
 
 
+def first_non_utf8(files):
+    """'<path> line <n> is not UTF-8 text' for the first such line of local text files, or None."""
+    for path in files:
+        if not path.endswith(('.txt', '.jsonl', '.json')):
+            continue
+        with open(path, 'rb') as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    line.decode('utf-8')
+                except UnicodeDecodeError:
+                    return f"{path} line {number} is not UTF-8 text"
+    return None
+
+
+def not_utf8(source, e):
+    """One line for text that is not UTF-8, naming the line of a local file where there is one."""
+    where = None
+    if is_local(source) and os.path.exists(os.path.expanduser(source)):
+        where = first_non_utf8(local_files(os.path.expanduser(source))[1])
+    return (f"{where or f'{source} holds text that is not UTF-8 ({e.reason})'}: convert it "
+            "to UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix that text")
+
+
+def not_text(source, column, number, value):
+    return (f"{source}: document {number}'s '{column}' is a {type(value).__name__}, not text: "
+            "fix it, or name the text column with --text_column")
+
+
+def check_text_column(ds, c):
+    """Every document's text is a string (or empty): a number or a list in the column would
+    otherwise fail in a tokenizer worker, with its traceback."""
+    feature = ds.features[c['text_column']]
+    if getattr(feature, 'dtype', None) in ('string', 'large_string'):
+        return
+    for number, value in enumerate(ds[c['text_column']], 1):
+        if value is not None and not isinstance(value, str):
+            raise UserError(not_text(c['dataset'], c['text_column'], number, value))
+
+
 def import_datasets():
     """Hugging Face's datasets, which reads, splits and maps the documents (requirements.txt);
     missing, one line instead of a traceback."""
@@ -231,6 +270,8 @@ def load_source(c):
 def unreadable(source, e, builder=None):
     """One line for a source datasets failed to read, on load or while streaming: the line of a
     local JSON-lines file at fault where there is one, else datasets' own first line."""
+    if isinstance(e, UnicodeDecodeError):
+        return not_utf8(source, e)
     if is_local(source) and os.path.exists(os.path.expanduser(source)):
         _, files = local_files(os.path.expanduser(source))
         for problem in filter(None, map(check_jsonl, [f for f in files if f.endswith('.jsonl')])):
@@ -379,6 +420,7 @@ def prepare(c):
                         f"(columns: {', '.join(ds.column_names)}): set --text_column")
     if len(ds) == 0:
         raise UserError(f"{c['dataset']} has no documents")
+    check_text_column(ds, c)
     by_position = len(ds) == 1 and c['val_documents'] is None  # one document, cut in two
     if c['val_documents'] is not None:
         split = split_head(ds, c)  # the first documents, as a streamed run takes them
@@ -386,11 +428,14 @@ def prepare(c):
         split = split_by_position(ds, c)
     else:
         split = split_documents(ds, c)
-    tokenized = {s: split[s].map(tokenize_batch, batched=True,
-                                 num_proc=min(c['num_proc'], len(split[s])),
-                                 remove_columns=split[s].column_names, desc=f"tokenizing {s}",
-                                 fn_kwargs=dict(tokenizer=tok.name, column=c['text_column']))
-                 for s in SPLITS}
+    try:  # arrow decodes the text only now, in the workers
+        tokenized = {s: split[s].map(tokenize_batch, batched=True,
+                                     num_proc=min(c['num_proc'], len(split[s])),
+                                     remove_columns=split[s].column_names, desc=f"tokenizing {s}",
+                                     fn_kwargs=dict(tokenizer=tok.name, column=c['text_column']))
+                     for s in SPLITS}
+    except UnicodeDecodeError as e:
+        raise UserError(not_utf8(c['dataset'], e)) from None
     n_chars = sum(column_sum(tokenized[s], 'chars') for s in SPLITS)
     if n_chars == 0:
         raise UserError(f"{c['dataset']} is empty: every document's '{c['text_column']}' is blank")
@@ -416,7 +461,7 @@ STREAM_BATCH = 1000  # documents tokenized together (by one worker) when streami
 
 
 def stream_batches(ds, column, source):
-    batch, documents = [], iter(ds)
+    batch, documents, number = [], iter(ds), 0
     while True:
         try:
             document = next(documents)
@@ -427,7 +472,10 @@ def stream_batches(ds, column, source):
         if column not in document:
             raise UserError(f"no column '{column}' in the streamed documents (columns: "
                             f"{', '.join(document)}): set --text_column")
-        batch.append(document[column])
+        text, number = document[column], number + 1
+        if text is not None and not isinstance(text, str):
+            raise UserError(not_text(source, column, number, text))
+        batch.append(text)
         if len(batch) == STREAM_BATCH:
             yield {column: batch}
             batch = []

@@ -556,3 +556,23 @@ def test_a_bad_line_in_a_streamed_file_is_one_line_naming_it(tmp_path, num_proc)
         run(tmp_path, dataset=src, tokenizer='byte', streaming=True, val_documents=2,
             num_proc=num_proc)
     assert not os.path.exists(tmp_path / 'data' / 'docs' / 'meta.json')
+
+
+@pytest.mark.parametrize('streaming', [False, True])
+@pytest.mark.parametrize('num_proc', [1, 2])
+def test_text_that_is_not_utf8_or_not_a_string_is_one_line_naming_it(tmp_path, streaming,
+                                                                     num_proc):
+    """Arrow decodes a .jsonl's text only when it is read, and keeps a number among strings: the
+    tokenizer workers met both, with a traceback from their pool."""
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    lines = open(src, 'rb').read().splitlines(keepends=True)
+    lines[6] = '{"text": "café latin-1"}\n'.encode('latin-1')
+    open(src, 'wb').write(b''.join(lines))
+    kw = dict(tokenizer='byte', streaming=streaming, val_documents=2, num_proc=num_proc)
+    with pytest.raises(UserError, match=f"^{src} line 7 is not UTF-8 text: convert it to UTF-8"):
+        run(tmp_path, dataset=src, **kw)
+    lines[6] = b'{"text": 42}\n'
+    open(src, 'wb').write(b''.join(lines))
+    with pytest.raises(UserError, match=f"^{src}: document 7's 'text' is a int, not text: fix"):
+        run(tmp_path, dataset=src, **kw)
+    assert not os.path.exists(tmp_path / 'data' / 'docs' / 'meta.json')
