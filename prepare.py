@@ -354,6 +354,18 @@ def resolve(c):
     return c
 
 
+def check_outside_source(c, out_dir):
+    """The bins and meta.json go outside a source folder: inside it, the next prepare would read
+    them as documents."""
+    source = c['hub_id'] if c['dataset'] == 'openwebtext' else c['dataset']
+    if not (is_local(source) and os.path.isdir(source)):
+        return
+    folder, out = os.path.realpath(source), os.path.realpath(out_dir)
+    if os.path.commonpath([folder, out]) == folder:
+        raise UserError(f"prepare.py would write {out_dir} inside the folder it reads, {source}: "
+                        "move the documents out of it, or pass --data_root or --out_name")
+
+
 def pick_dtype(name, vocab_size):
     if name == 'auto':
         name = 'uint16' if vocab_size <= 2 ** 16 else 'uint32'
@@ -399,6 +411,7 @@ def prepare(c):
     tok = get_tokenizer(c['tokenizer'])
     dtype = pick_dtype(c['dtype'], tok.vocab_size)
     out_dir = os.path.join(c['data_root'], c['out_name'])
+    check_outside_source(c, out_dir)
     meta_path = os.path.join(out_dir, 'meta.json')
     settings = {k: c[k] for k in ('dataset', 'hub_id', 'text_column', 'tokenizer', 'val_size',
                                   'seed', 'dtype')}

@@ -576,3 +576,17 @@ def test_text_that_is_not_utf8_or_not_a_string_is_one_line_naming_it(tmp_path, s
     with pytest.raises(UserError, match=f"^{src}: document 7's 'text' is a int, not text: fix"):
         run(tmp_path, dataset=src, **kw)
     assert not os.path.exists(tmp_path / 'data' / 'docs' / 'meta.json')
+
+
+def test_a_source_folder_under_data_root_is_not_written_into(tmp_path, monkeypatch):
+    """data/texts would otherwise gain train.bin and meta.json, which the next prepare reads."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'data' / 'docs').mkdir(parents=True)
+    src = write_jsonl(tmp_path / 'data' / 'docs' / 'docs.jsonl', DOCS)
+    for dataset in ('data/docs', 'data'):  # written into itself, or into a folder within it
+        with pytest.raises(UserError, match=f"would write data/{dataset.split('/')[-1]} inside "
+                                            f"the folder it reads, {dataset}: move"):
+            prepare.prepare(dict(prepare.DEFAULTS, dataset=dataset, tokenizer='byte', num_proc=1))
+    assert os.listdir(tmp_path / 'data' / 'docs') == ['docs.jsonl']
+    meta = run(tmp_path, dataset='data/docs', tokenizer='byte', out_name='docs_prepared')
+    assert meta['documents'] == len(DOCS) and open(src).read().count('\n') == len(DOCS)
