@@ -28,9 +28,9 @@ import sysconfig
 import numpy as np
 
 from kvgpt.config import Kind, defaults, keys, parse_config
-from kvgpt.data import EMBEDDED_CORPORA, SPLITS, bins_match_meta, write_dataset
-from kvgpt.errors import UserError, run_main
-from kvgpt.files import read_json
+from kvgpt.data import EMBEDDED_CORPORA, SPLITS, bins_match_meta, file_digest, write_dataset
+from kvgpt.errors import UserError, fs_error, run_main
+from kvgpt.files import read_json, write_json
 from kvgpt.tokenizer import TOKENIZERS, get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -346,7 +346,7 @@ def resolve(c):
     if c['streaming'] and c['val_documents'] is None:
         raise UserError("--streaming=True reads the documents once, in order, so its val split "
                         "is the first documents: set --val_documents (e.g. 10000)")
-    if is_local(name) and name not in EMBEDDED:
+    if is_local(name) and name not in EMBEDDED and not holds_bins(name):
         local_files(name)  # a missing file is said before the tokenizer is loaded (offline)
     if c['streaming'] and is_local(name) and name.endswith('.txt') and os.path.isfile(name):
         raise UserError(f"{name} is one document, split by position: prepare it without "
@@ -408,6 +408,8 @@ def split_by_position(ds, c):
 
 def prepare(c):
     c = resolve(c)
+    if holds_bins(c['dataset']):
+        return describe_bins(c)
     tok = get_tokenizer(c['tokenizer'])
     dtype = pick_dtype(c['dtype'], tok.vocab_size)
     out_dir = os.path.join(c['data_root'], c['out_name'])
@@ -540,6 +542,68 @@ def prepare_streamed(ds, c, tok, dtype, out_dir, settings):
                     val_documents=c['val_documents'], streamed=True,
                     **{f'{s}_tokens': tokens[s] for s in SPLITS})
     return write_dataset(out_dir, meta, write)
+
+
+# -----------------------------------------------------------------------------
+# bins tokenized elsewhere (nanoGPT's prepare.py): described in place by a meta.json
+
+def holds_bins(path):
+    return os.path.isdir(path) and all(os.path.isfile(os.path.join(path, f'{s}.bin'))
+                                       for s in SPLITS)
+
+
+def describe_bins(c):
+    """A folder of train.bin and val.bin with no meta.json, such as nanoGPT's
+    data/openwebtext: meta.json is written beside them (GPT-2 ids as uint16 unless --tokenizer
+    and --dtype say otherwise), once every id is checked against the vocabulary."""
+    folder = c['dataset']
+    meta_path = os.path.join(folder, 'meta.json')
+    if os.path.exists(meta_path):
+        problem = bins_match_meta(folder, read_json(meta_path, 'meta.json'))
+        if problem:
+            raise UserError(problem)
+        print(f"{folder} is prepared already; train on it with {train_flags(c)}")
+        return read_json(meta_path, 'meta.json')
+    if os.path.exists(os.path.join(folder, 'meta.pkl')):
+        raise UserError(f"{folder}/meta.pkl marks nanoGPT's character-level ids, which have no "
+                        "kvgpt tokenizer: prepare the text itself, e.g. --dataset=input.txt "
+                        "--tokenizer=byte")
+    tok = get_tokenizer(c['tokenizer'])
+    dtype = pick_dtype(c['dtype'], tok.vocab_size)
+    settings = {k: c[k] for k in ('dataset', 'tokenizer', 'dtype')}
+    meta = dict(meta_head(c, tok, dtype, settings), described=True, digests={})
+    for split in SPLITS:
+        path = os.path.join(folder, f'{split}.bin')
+        size, width = os.path.getsize(path), np.dtype(dtype).itemsize
+        if size % width or size == 0:
+            raise UserError(f"{path} holds {size} bytes, not a whole number of {dtype} tokens: "
+                            "pass the --dtype and --tokenizer it was written with")
+        top = largest_id(path, dtype)
+        if top >= tok.vocab_size:
+            raise UserError(f"{path} holds token id {top}, outside {tok.name}'s vocabulary of "
+                            f"{tok.vocab_size}: pass the --tokenizer and --dtype it was written "
+                            "with")
+        meta[f'{split}_tokens'] = size // width
+        meta['digests'][split] = file_digest(path)
+    try:
+        write_json(meta_path, meta)
+    except OSError as e:
+        raise UserError(fs_error(e, meta_path)) from None
+    print(f"described {folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val "
+          f"tokens ({tok.name}, {dtype}); train on it with {train_flags(c)}")
+    return meta
+
+
+def train_flags(c):
+    """train.py's flags for the folder c['dataset']: its name, and its parent unless data_root."""
+    parent, name = os.path.split(os.path.normpath(os.path.abspath(c['dataset'])))
+    same = os.path.realpath(parent) == os.path.realpath(c['data_root'])
+    return f"--dataset={name}" + ('' if same else f" --data_root={parent}")
+
+
+def largest_id(path, dtype, chunk=2 ** 26):
+    ids = np.memmap(path, dtype=dtype, mode='r')
+    return max(int(ids[i:i + chunk].max()) for i in range(0, len(ids), chunk))
 
 
 def main(argv=None):

@@ -555,7 +555,8 @@ def all_ranks_save(run, reason, name='ckpt.pt'):
     run's record may describe it."""
     loop_state, iter_num = run.state.state_dict(), run.state.iter_num  # the RNG's: a collective
     path, error, master = os.path.join(run.settings['out_dir'], name), None, run.process.master
-    kept = f"the previous {path} is untouched" if os.path.exists(path) else f"{path} is not written"
+    kept = (f"the previous {path} is untouched" if os.path.exists(path) else
+            f"{path} is not written")
     if master and not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
         error = f"parameters are non-finite at iter {iter_num}; not saving: {kept}"
     elif master:

@@ -228,9 +228,10 @@ def open_dataset(data_root, name, block_size):
     if not os.path.exists(meta_path):
         bins = glob.glob(os.path.join(glob.escape(data_dir), '*.bin'))
         if unfinished_prepare(data_dir, bins):
-            raise UserError(f"{data_dir} has train.bin and val.bin but no meta.json, which "
-                            "prepare.py writes last: its run did not finish (a full disk?); run "
-                            f"`python prepare.py --dataset=...` for {name} again")
+            raise UserError(f"{data_dir} has train.bin and val.bin but no meta.json: if they "
+                            "are nanoGPT's (GPT-2 ids, uint16), `python prepare.py "
+                            f"--dataset={data_dir}` describes them; if a prepare.py run was "
+                            "killed, run it again")
         if bins:
             return open_shards(data_dir, block_size)
         raise UserError(missing_dataset(data_root, name))

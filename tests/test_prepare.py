@@ -3,6 +3,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -590,3 +591,45 @@ def test_a_source_folder_under_data_root_is_not_written_into(tmp_path, monkeypat
     assert os.listdir(tmp_path / 'data' / 'docs') == ['docs.jsonl']
     meta = run(tmp_path, dataset='data/docs', tokenizer='byte', out_name='docs_prepared')
     assert meta['documents'] == len(DOCS) and open(src).read().count('\n') == len(DOCS)
+
+
+def nanogpt_bins(folder, ids, dtype=np.uint16):
+    """train.bin and val.bin as nanoGPT's prepare.py writes them: flat ids, no meta.json."""
+    folder.mkdir(parents=True)
+    np.asarray(ids[:-300], dtype=dtype).tofile(folder / 'train.bin')
+    np.asarray(ids[-300:], dtype=dtype).tofile(folder / 'val.bin')
+    return str(folder)
+
+
+def test_bins_from_nanogpt_are_described_in_place_and_train_reads_them(tmp_path, capsys):
+    tok = get_tokenizer('byte')
+    ids = [i for doc in DOCS for i in tok.encode(doc) + [tok.eot]]
+    folder = nanogpt_bins(tmp_path / 'elsewhere' / 'owt', ids)
+    before = {s: open(f'{folder}/{s}.bin', 'rb').read() for s in ('train', 'val')}
+    meta = run(tmp_path, dataset=folder, tokenizer='byte')
+    assert (meta['tokenizer'], meta['dtype'], meta['described']) == ('byte', 'uint16', True)
+    assert (meta['train_tokens'], meta['val_tokens']) == (len(ids) - 300, 300)
+    assert {s: open(f'{folder}/{s}.bin', 'rb').read() for s in ('train', 'val')} == before
+    assert sorted(os.listdir(folder)) == ['meta.json', 'train.bin', 'val.bin']
+    said = capsys.readouterr().out
+    assert f"train on it with --dataset=owt --data_root={tmp_path / 'elsewhere'}" in said
+    data = open_dataset(str(tmp_path / 'elsewhere'), 'owt', 32)  # the advice works
+    x, y = data.batch('train', np.array([0]))
+    assert x[0].tolist() == ids[:32] and y[0].tolist() == ids[1:33]
+    run(tmp_path, dataset=folder, tokenizer='byte')  # again: nothing to do
+    assert 'is prepared already; train on it with --dataset=owt' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('make,message', [
+    (lambda f: nanogpt_bins(f, [5, 300] * 400), "train.bin holds token id 300, outside byte's "
+                                                "vocabulary of 257: pass the --tokenizer"),
+    (lambda f: nanogpt_bins(f, [5] * 801, np.uint8), "train.bin holds 501 bytes, not a whole "
+                                                     "number of uint16 tokens"),
+    (lambda f: (nanogpt_bins(f, [5] * 800), (f / 'meta.pkl').write_bytes(b'x'))[0],
+     "meta.pkl marks nanoGPT's character-level ids"),
+])
+def test_bins_that_do_not_fit_their_description_are_one_line(tmp_path, make, message):
+    folder = make(tmp_path / 'bins')
+    with pytest.raises(UserError, match=re.escape(message)):
+        run(tmp_path, dataset=folder, tokenizer='byte')
+    assert not os.path.exists(os.path.join(folder, 'meta.json'))

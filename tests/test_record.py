@@ -4,6 +4,7 @@ the run's files as they were; and a single text file is a corpus."""
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -531,13 +532,15 @@ def test_weights_of_the_wrong_shape_name_the_tensor(data_root, tmp_path, command
     assert code == 2 and f"size mismatch for {name}" in line and 'torch.Size' in line
 
 
-def test_bins_without_meta_json_say_prepare_did_not_finish(data_copy, tmp_path, command_line):
-    """A disk that fills between the bins and meta.json: not 'a malformed llm.c shard'."""
+def test_bins_without_meta_json_say_how_to_describe_them(data_copy, tmp_path, command_line):
+    """nanoGPT's bins, or a prepare.py run killed mid-swap: not 'a malformed llm.c shard'."""
     os.remove(data_copy / 'tiny' / 'meta.json')
-    code, err = command_line(train, argv(str(data_copy), tmp_path / 'out', max_iters=10))
+    code, err = command_line(train, argv(str(data_copy), tmp_path / 'out', max_iters=2))
     line = one_line(err)
-    assert code == 2 and 'no meta.json, which prepare.py writes last' in line
-    assert 'llm.c' not in line and 'prepare.py --dataset=' in line
+    assert code == 2 and 'but no meta.json: if they are nanoGPT' in line and 'llm.c' not in line
+    command = re.search(r'`python prepare.py (--dataset=\S+)`', line).group(1)
+    prepare.main([command, '--tokenizer=byte'])  # the advice, for these byte-level ids
+    run(str(data_copy), tmp_path / 'out', max_iters=2, eval_interval=2)
 
 
 def test_a_full_disk_while_prepare_writes_names_the_folder(tmp_path, monkeypatch, command_line):

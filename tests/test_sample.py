@@ -111,7 +111,7 @@ def test_sampling_filters():
 
 
 def test_a_tiny_temperature_samples_the_greedy_token():
-    """logits / 1e-45 overflow to inf, whose softmax is nan: the limit is greedy, and so is this."""
+    """logits / 1e-45 overflow to inf, whose softmax is nan: the limit is greedy, as is this."""
     logits = torch.tensor([[1.0, 3.0, 2.0, float('-inf')], [0.5, -2.0, 0.25, 0.0]])
     g = torch.Generator().manual_seed(0)
     for temperature in (1e-45, 1e-30):
