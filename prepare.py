@@ -134,6 +134,12 @@ assert tuple(EMBEDDED) == EMBEDDED_CORPORA
 # -----------------------------------------------------------------------------
 # loading: every source becomes a `datasets.Dataset` with a text column
 
+def source_of(c):
+    """What the documents are read from: openwebtext loads from hub_id, which may also be a local
+    copy with the same schema."""
+    return c['hub_id'] if c['dataset'] == 'openwebtext' else c['dataset']
+
+
 def is_local(name):
     return (os.path.exists(name) or os.path.splitext(name)[1] in LOCAL_BUILDERS
             or name.startswith(('.', '/', '~')))
@@ -234,8 +240,7 @@ def load_source(c):
         ds = datasets.Dataset.from_dict({c['text_column']: list(EMBEDDED[name]())})
         return ds.to_iterable_dataset() if c['streaming'] else ds
     stream = dict(streaming=True) if c['streaming'] else {}
-    # openwebtext loads from hub_id, which may also be a local copy with the same schema
-    source = c['hub_id'] if name == 'openwebtext' else name
+    source = source_of(c)
     if is_local(source):
         builder, files = local_files(os.path.expanduser(source))
         # .txt: one file is one document (the text builder would otherwise split lines)
@@ -357,7 +362,7 @@ def resolve(c):
 def check_outside_source(c, out_dir):
     """The bins and meta.json go outside a source folder: inside it, the next prepare would read
     them as documents."""
-    source = c['hub_id'] if c['dataset'] == 'openwebtext' else c['dataset']
+    source = source_of(c)
     if not (is_local(source) and os.path.isdir(source)):
         return
     folder, out = os.path.realpath(source), os.path.realpath(out_dir)
@@ -512,8 +517,7 @@ def prepare_streamed(ds, c, tok, dtype, out_dir, settings):
         tokens = dict.fromkeys(SPLITS, 0)
         pool = multiprocessing.Pool(c['num_proc']) if c['num_proc'] > 1 else None
         try:
-            source = c['hub_id'] if c['dataset'] == 'openwebtext' else c['dataset']
-            batches = stream_batches(ds, column, source)
+            batches = stream_batches(ds, column, source_of(c))
             out = pool.imap(tokenize, batches) if pool else map(tokenize, batches)
             bar = tqdm(desc='tokenizing (streamed)', unit=' docs', disable=not c['progress'])
             for result in out:
@@ -559,11 +563,11 @@ def describe_bins(c):
     folder = c['dataset']
     meta_path = os.path.join(folder, 'meta.json')
     if os.path.exists(meta_path):
-        problem = bins_match_meta(folder, read_json(meta_path, 'meta.json'))
-        if problem:
-            raise UserError(problem)
+        meta = read_json(meta_path, 'meta.json')
+        if bins_match_meta(folder, meta):
+            raise UserError(bins_match_meta(folder, meta))
         print(f"{folder} is prepared already; train on it with {train_flags(c)}")
-        return read_json(meta_path, 'meta.json')
+        return meta
     if os.path.exists(os.path.join(folder, 'meta.pkl')):
         raise UserError(f"{folder}/meta.pkl marks nanoGPT's character-level ids, which have no "
                         "kvgpt tokenizer: prepare the text itself, e.g. --dataset=input.txt "
@@ -578,13 +582,14 @@ def describe_bins(c):
         if size % width or size == 0:
             raise UserError(f"{path} holds {size} bytes, not a whole number of {dtype} tokens: "
                             "pass the --dtype and --tokenizer it was written with")
-        top = largest_id(path, dtype)
-        if top >= tok.vocab_size:
-            raise UserError(f"{path} holds token id {top}, outside {tok.name}'s vocabulary of "
-                            f"{tok.vocab_size}: pass the --tokenizer and --dtype it was written "
-                            "with")
+        tops = []  # each chunk's largest id, from the digest's own read
+        meta['digests'][split] = file_digest(
+            path, lambda chunk: tops.append(int(np.frombuffer(chunk, dtype).max())))
+        if max(tops) >= tok.vocab_size:
+            raise UserError(f"{path} holds token id {max(tops)}, outside {tok.name}'s vocabulary "
+                            f"of {tok.vocab_size}: pass the --tokenizer and --dtype it was "
+                            "written with")
         meta[f'{split}_tokens'] = size // width
-        meta['digests'][split] = file_digest(path)
     try:
         write_json(meta_path, meta)
     except OSError as e:
@@ -600,10 +605,6 @@ def train_flags(c):
     same = os.path.realpath(parent) == os.path.realpath(c['data_root'])
     return f"--dataset={name}" + ('' if same else f" --data_root={parent}")
 
-
-def largest_id(path, dtype, chunk=2 ** 26):
-    ids = np.memmap(path, dtype=dtype, mode='r')
-    return max(int(ids[i:i + chunk].max()) for i in range(0, len(ids), chunk))
 
 
 def main(argv=None):

@@ -691,9 +691,10 @@ def main(argv=None):
     try:
         run = train(c)
     except (RuntimeError, MemoryError) as e:
-        if out_of_memory(e, c) is None:
+        message = out_of_memory(e, c)
+        if message is None:
             raise
-        raise UserError(out_of_memory(e, c)) from None
+        raise UserError(message) from None
     if run.signals.stopped is not None:  # stopped early, on every rank: not taken as finished
         sys.exit(128 + run.signals.stopped[1])
     return run

@@ -389,13 +389,16 @@ def write_dataset(out_dir, meta, write):
     return meta
 
 
-def file_digest(path):
+def file_digest(path, each_chunk=None):
     """A bin's BLAKE2b digest, in hex: meta.json records it, so that a resume on other data of
-    the same size is refused (check_same_data). One sequential read, after the bin is written."""
+    the same size is refused (check_same_data). One sequential read, after the bin is written;
+    each_chunk(bytes) sees every chunk of it (2**24 bytes, a whole number of any dtype's ids)."""
     digest = hashlib.blake2b(digest_size=16)
     with open(path, 'rb') as f:
         for chunk in iter(lambda: f.read(2 ** 24), b''):
             digest.update(chunk)
+            if each_chunk is not None:
+                each_chunk(chunk)
     return digest.hexdigest()
 
 
