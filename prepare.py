@@ -15,14 +15,15 @@ under a temporary name -> renames. With --streaming=True the documents are read 
 the first val_documents go to val.bin, the rest to train.bin, tokenized in batches by a pool
 of num_proc workers and appended to the temporary files as they come. meta.json is the mark
 of a finished run: everything is written before the old dataset is touched, and the swap is
-renames only (the old meta.json goes first, the new one last), so a full disk leaves the old
-dataset whole, and a failed rename leaves no bins.
+renames only (the old meta.json goes first, the new one last), so a full disk, or Ctrl-C while
+tokenizing, leaves the old dataset whole, and a failed rename leaves no bins.
 """
 import ast
 import functools
 import glob
 import json
 import os
+import signal
 import sysconfig
 
 import numpy as np
@@ -607,8 +608,24 @@ def train_flags(c):
 
 
 
+def interrupts_stop_the_main_process():
+    """Ctrl-C signals every process in the terminal's group. The tokenizer workers are forked,
+    so they inherit this handler: they ignore the signal, and the main process alone stops (its
+    temporary files removed), shutting them down. Otherwise each worker prints a traceback, and
+    the pool's own shutdown may fail or wait on them."""
+    main_pid = os.getpid()
+
+    def on_interrupt(signum, frame):
+        if os.getpid() == main_pid:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+
+
 def main(argv=None):
-    return prepare(parse_config(KEYS, argv, show=True, usage=__doc__))
+    c = parse_config(KEYS, argv, show=True, usage=__doc__)
+    interrupts_stop_the_main_process()
+    return prepare(c)
 
 
 if __name__ == '__main__':

@@ -56,19 +56,36 @@ def fs_error(e, path=None, doing='write'):
 
 def run_main(main):
     """Run a script's main(): a user error, or a filesystem failure no caller explained more
-    closely, is one line on stderr and exit code 2 (KVGPT_DEBUG=1 shows the traceback instead)."""
+    closely, is one line on stderr and exit code 2 (KVGPT_DEBUG=1 shows the traceback instead);
+    Ctrl-C is "interrupted" and exit code 130."""
     try:
         main()
     except BrokenPipeError:  # `python sample.py ... | head`: the reader has gone, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush works
         sys.exit(141)
-    except (UserError, OSError) as e:
-        if os.environ.get('KVGPT_DEBUG') == '1':
+    except KeyboardInterrupt:
+        interrupted()
+    except Exception as e:
+        debug = os.environ.get('KVGPT_DEBUG') == '1'
+        if during_interrupt(e) and not debug:  # a library's cleanup, failing on the way out
+            interrupted()
+        if debug or not isinstance(e, (UserError, OSError)):
             raise
         if not isinstance(e, UserError):  # from a read or a write: only some errors tell which
             e = fs_error(e, doing='write' if e.errno in WRITES_ONLY else 'read or write')
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+
+
+def interrupted():
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
+
+
+def during_interrupt(e):
+    """Whether e was raised while a KeyboardInterrupt was being handled."""
+    while e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e = e.__context__
+    return False

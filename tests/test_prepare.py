@@ -5,8 +5,10 @@ import mmap
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -633,3 +635,41 @@ def test_bins_that_do_not_fit_their_description_are_one_line(tmp_path, make, mes
     with pytest.raises(UserError, match=re.escape(message)):
         run(tmp_path, dataset=folder, tokenizer='byte')
     assert not os.path.exists(os.path.join(folder, 'meta.json'))
+
+
+def interrupt_once_tokenizing(args, tmp_path, started):
+    """Run prepare.py in a group of its own and, once its output matches `started` (the workers
+    are tokenizing), send SIGINT to the whole group, as a terminal's Ctrl-C does. (returncode,
+    output); a run that does not stop is killed and fails the test."""
+    log = tmp_path / 'output.txt'
+    env = {k: v for k, v in os.environ.items() if k != 'HF_DATASETS_DISABLE_PROGRESS_BARS'}
+    with open(log, 'w') as out:
+        proc = subprocess.Popen([sys.executable, 'prepare.py', *args], cwd=HERE, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        while proc.poll() is None and not re.search(started, log.read_text()):
+            time.sleep(0.05)
+        assert proc.poll() is None, f"finished before it could be interrupted: {log.read_text()}"
+        os.killpg(proc.pid, signal.SIGINT)
+        return proc.wait(timeout=60), log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('streamed', [False, True], ids=['map', 'streamed'])
+def test_ctrl_c_with_workers_is_one_line_and_leaves_no_files(tmp_path, streamed):
+    # enough documents that two workers take seconds to tokenize them
+    source = write_jsonl(tmp_path / 'docs.jsonl', [' '.join(['alpha beta gamma'] * 20)] * 300_000)
+    args = [f'--dataset={source}', '--tokenizer=byte', '--num_proc=2', '--progress=True',
+            f'--data_root={tmp_path}/data']
+    started = (r'tokenizing \(streamed\): [1-9]\d* docs' if streamed
+               else r'tokenizing train \(num_proc=2\): .*\| [1-9]\d*/')
+    code, output = interrupt_once_tokenizing(
+        args + (['--streaming=True', '--val_documents=10'] if streamed else []), tmp_path, started)
+    assert code == 130, output[-3000:]
+    # one line from the main process (among the progress bars), nothing from the workers
+    assert 'Traceback' not in output and output.count('interrupted\n') == 1, output[-3000:]
+    assert [f for _, _, fs in os.walk(tmp_path / 'data') for f in fs] == []
