@@ -54,6 +54,8 @@ KEYS = {**keys(
     out_dir=('out', "checkpoints, log.jsonl and config.json of the run"),
     init_from=('scratch', "scratch, resume, auto (resume if a checkpoint), gpt2..gpt2-xl, a GPT-2 "
                "folder, or a run's ckpt_<step>.pt file: a branch that continues it here"),
+    finetune=(False, "True: only init_from's weights (a checkpoint file): step 0, a fresh AdamW, "
+              "this run's schedule and dropout, any data in its tokenizer (as gpt2* always does)"),
     overwrite=(False, "True: a fresh start (scratch, GPT-2, a branch) may replace out_dir's run"),
     eval_interval=(1000, "steps between evaluations (and checkpoints)"),
     eval_iters=(200, "batches per split in each evaluation"),
@@ -187,8 +189,8 @@ def model_settings(ckpt):
 
 
 def pretrained_overrides(c, model):
-    """The model settings a run named (away from their defaults) that GPT-2's weights override:
-    its architecture is the checkpoint's, whatever config/reduced.py says."""
+    """The model settings a run named (away from their defaults) that pretrained weights (GPT-2's,
+    or a fine-tune's checkpoint) override: the architecture is theirs, whatever the config says."""
     ours = asdict(model.config)
     return [k for k in MODEL_KEYS if k not in ('block_size', 'dropout', 'vocab_size')
             and c[k] != DEFAULTS[k] and c[k] is not None and c[k] != ours[k]]
@@ -200,12 +202,17 @@ def checkpoint_path(c):
 
 
 def build_model(c, meta, master):
-    """(model, checkpoint or None) for init_from = scratch | resume | a checkpoint file (a branch)
-    | gpt2* or a GPT-2 folder."""
+    """(model, checkpoint or None) for init_from = scratch | resume | a checkpoint file (a branch,
+    or with finetune its weights alone) | gpt2* or a GPT-2 folder."""
     ckpt = None
-    if c['init_from'] == 'scratch':
+    if c['init_from'] == 'scratch':  # so too init_from=auto without a checkpoint
+        if c['finetune']:
+            raise UserError("finetune=True takes its weights from init_from: name a checkpoint "
+                            "file (such as out/ckpt.pt), gpt2..gpt2-xl or a GPT-2 folder")
         with model_errors('bad model config'):
             model = GPT(GPTConfig(**model_args_from(c, meta)), verbose=master)
+    elif c['finetune'] and os.path.isfile(c['init_from']):
+        model = finetuned_model(c, meta, master)
     elif c['init_from'] == 'resume' or os.path.isfile(c['init_from']):
         path = checkpoint_path(c)
         model, ckpt = model_from_checkpoint(path, verbose=master, resume=True)
@@ -226,6 +233,25 @@ def build_model(c, meta, master):
                   + ', '.join(f'{k}={c[k]!r}' for k in ignored))
     check_fits(meta, model.config.vocab_size, model.config.block_size, c['block_size'])
     return model, ckpt
+
+
+def finetuned_model(c, meta, master):
+    """A fine-tune's model: init_from's weights with this run's dropout. The step, AdamW and RNG
+    start afresh, so the data may differ from the checkpoint's, but not its tokenizer: the ids
+    must mean the tokens the model learned."""
+    path = c['init_from']
+    model, ckpt = model_from_checkpoint(path, verbose=master, dropout=c['dropout'])
+    trained_on = (ckpt.get('meta') or {}).get('tokenizer')
+    if trained_on is not None and trained_on != meta['tokenizer']:
+        raise UserError(f"{path} was trained on {trained_on} tokens, and {c['data_root']}/"
+                        f"{c['dataset']} holds {meta['tokenizer']} ones: prepare the data with "
+                        f"--tokenizer={trained_on}")
+    if master:
+        ignored = pretrained_overrides(c, model)
+        print(f"fine-tuning {path} (trained to iter {ckpt.get('iter_num', '?')}) from iter 0 with "
+              "a fresh AdamW" + ("; its weights set the model, not "
+                                 + ', '.join(f'{k}={c[k]!r}' for k in ignored) if ignored else ""))
+    return model
 
 
 # -----------------------------------------------------------------------------

@@ -55,12 +55,14 @@ def load_checkpoint(path, map_location='cpu', mmap=False, resume=False):
     return ckpt
 
 
-def model_from_checkpoint(path, verbose=True, resume=False):
+def model_from_checkpoint(path, verbose=True, resume=False, dropout=None):
     """(model, checkpoint) of a checkpoint file: reading it is this module's, making the model
     model.py's (GPT.from_checkpoint); either failing is one line that names the file. resume:
-    every key a resume reads is checked too."""
+    every key a resume reads is checked too. dropout: a fine-tune's, over the checkpoint's."""
     from model import GPT
     ckpt = load_checkpoint(path, resume=resume)
+    if dropout is not None:
+        ckpt['model_args'] = dict(ckpt['model_args'], dropout=dropout)
     bad = [k for k, v in ckpt['model'].items()
            if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:  # a diverged run's weights (nanoGPT saves them): sampling would fail or print NULs

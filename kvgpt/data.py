@@ -353,8 +353,9 @@ def check_same_data(saved, meta, checkpoint, data_dir):
                   for s in SPLITS if saved['digests'].get(s) != meta['digests'].get(s)]
     if differ:
         raise UserError(f"{checkpoint} was trained on other data than {data_dir} "
-                        f"({', '.join(differ)}): resume on the data it was trained on, or start "
-                        "a new out_dir")
+                        f"({', '.join(differ)}): resume on the data it was trained on; to train "
+                        f"its weights on this data, --init_from={checkpoint} --finetune=True "
+                        "with a new out_dir")
 
 
 # -----------------------------------------------------------------------------

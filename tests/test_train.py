@@ -761,6 +761,59 @@ def test_resume_on_other_data_is_refused(data_root, tmp_path, how):
         assert run(str(tmp_path / 'data'), tmp_path / 'run', init_from='auto', max_iters=4)
 
 
+def prepare_other(root, text):
+    """A byte-level dataset 'other' under root, of other text than 'tiny'."""
+    import prepare
+    root.mkdir(parents=True, exist_ok=True)
+    source = root / 'other.jsonl'
+    source.write_text(''.join(json.dumps({'text': text[i:i + 500]}) + '\n'
+                              for i in range(0, len(text), 500)))
+    prepare.prepare(dict(prepare.DEFAULTS, dataset=str(source), tokenizer='byte', num_proc=1,
+                         data_root=str(root), progress=False))
+    return str(root)
+
+
+def test_finetune_takes_only_the_weights_onto_other_data(data_root, tmp_path, capsys):
+    """A fine-tune starts at iter 0 with a fresh AdamW and its own dropout on data the checkpoint
+    was not trained on; a branch (finetune=False) there is refused with advice that applies."""
+    run(data_root, tmp_path / 'pre', max_iters=6, eval_interval=6)
+    other = prepare_other(tmp_path / 'data', "Fine-tuning text, unlike the stdlib's docs. " * 400)
+    pre = str(tmp_path / 'pre' / 'ckpt.pt')
+    with pytest.raises(UserError, match=re.escape(
+            f"resume on the data it was trained on; to train its weights on this data, "
+            f"--init_from={pre} --finetune=True with a new out_dir")):
+        run(other, tmp_path / 'branch', dataset='other', init_from=pre, max_iters=8)
+    capsys.readouterr()
+    # learning rate 0: AdamW moves nothing, so the weights that come out are the ones that went in
+    log = run(other, tmp_path / 'ft', dataset='other', init_from=pre, finetune=True, max_iters=4,
+              eval_interval=2, dropout=0.0, n_layer=3, learning_rate=0.0, min_lr=0.0)
+    assert f"fine-tuning {pre} (trained to iter 6) from iter 0 with a fresh AdamW; its weights " \
+           "set the model, not n_layer=3\n" in capsys.readouterr().out
+    assert [e['iter'] for e in log if 'val_loss' in e] == [0, 2, 4]
+    ft = load_checkpoint(str(tmp_path / 'ft' / 'ckpt.pt'))
+    assert ft['iter_num'] == 4 and ft['tokens_seen'] == 4 * 2 * 4 * 32
+    assert {s['step'].item() for s in ft['optimizer']['state'].values()} == {4}  # not 6 + 4
+    assert (ft['model_args']['n_layer'], ft['model_args']['dropout']) == (2, 0.0)
+    assert ft['meta']['train_tokens'] != load_checkpoint(pre)['meta']['train_tokens']
+    assert_same_state(ft['model'], final_state(tmp_path / 'pre'))
+    saved = json.load(open(tmp_path / 'ft' / 'config.json'))
+    assert (saved['finetune'], saved['init_from'], saved['n_layer']) == (True, pre, 2)
+
+
+def test_finetune_refuses_another_tokenizer_and_a_start_from_scratch(data_root, tmp_path):
+    run(data_root, tmp_path / 'pre', max_iters=2, eval_interval=2)
+    ckpt = load_checkpoint(str(tmp_path / 'pre' / 'ckpt.pt'))
+    ckpt['meta'] = dict(ckpt['meta'], tokenizer='gpt2')  # as if trained on GPT-2 BPE ids
+    torch.save(ckpt, tmp_path / 'bpe.pt')
+    with pytest.raises(UserError, match=re.escape(
+            f"bpe.pt was trained on gpt2 tokens, and {data_root}/tiny holds byte ones: prepare "
+            "the data with --tokenizer=gpt2")):
+        run(data_root, tmp_path / 'ft', init_from=str(tmp_path / 'bpe.pt'), finetune=True)
+    for init_from in ('scratch', 'auto'):  # auto: no checkpoint in out_dir to resume
+        with pytest.raises(UserError, match="finetune=True takes its weights from init_from"):
+            run(data_root, tmp_path / 'ft', finetune=True, init_from=init_from)
+
+
 def change_data(data_dir, source, how):
     """Truncate train.bin in place, or prepare another corpus (the same one twice over, so every
     window the run draws is still there to read) into the same folder, as a user might while a
