@@ -565,10 +565,16 @@ def describe_bins(c):
     meta_path = os.path.join(folder, 'meta.json')
     if os.path.exists(meta_path):
         meta = read_json(meta_path, 'meta.json')
-        if bins_match_meta(folder, meta):
-            raise UserError(bins_match_meta(folder, meta))
-        print(f"{folder} is prepared already; train on it with {train_flags(c)}")
-        return meta
+        if not meta.get('described') and c['force']:  # prepare.py's: made again from its source
+            raise UserError(f"{folder} holds bins prepare.py made from {meta.get('source')}: "
+                            "redo them from that source (--dataset=<it> --force=True)")
+        if not c['force']:
+            if bins_match_meta(folder, meta):
+                raise UserError(bins_match_meta(folder, meta))
+            print(f"{folder} is prepared already ({meta.get('tokenizer')}, {meta.get('dtype')}"
+                  f"); train on it with {train_flags(c)}"
+                  + ("; --force=True describes it again" if meta.get('described') else ""))
+            return meta
     if os.path.exists(os.path.join(folder, 'meta.pkl')):
         raise UserError(f"{folder}/meta.pkl marks nanoGPT's character-level ids, which have no "
                         "kvgpt tokenizer: prepare the text itself, e.g. --dataset=input.txt "

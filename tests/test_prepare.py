@@ -619,7 +619,22 @@ def test_bins_from_nanogpt_are_described_in_place_and_train_reads_them(tmp_path,
     x, y = data.batch('train', np.array([0]))
     assert x[0].tolist() == ids[:32] and y[0].tolist() == ids[1:33]
     run(tmp_path, dataset=folder, tokenizer='byte')  # again: nothing to do
-    assert 'is prepared already; train on it with --dataset=owt' in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert ("is prepared already (byte, uint16); train on it with --dataset=owt --data_root="
+            f"{tmp_path / 'elsewhere'}; --force=True describes it again") in said
+    os.remove(f'{folder}/val.bin')
+    np.asarray(ids[-200:], dtype=np.uint16).tofile(f'{folder}/val.bin')  # replaced: force redoes
+    assert run(tmp_path, dataset=folder, tokenizer='byte', force=True)['val_tokens'] == 200
+    assert capsys.readouterr().out.startswith(f"described {folder}: {len(ids) - 300:,} train")
+
+
+def test_force_on_bins_prepare_made_points_to_their_source(tmp_path):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    run(tmp_path, dataset=src, tokenizer='byte')
+    with pytest.raises(UserError, match=re.escape(
+            f"{tmp_path}/data/docs holds bins prepare.py made from {src}: redo them from that "
+            "source (--dataset=<it> --force=True)")):
+        run(tmp_path, dataset=str(tmp_path / 'data' / 'docs'), tokenizer='byte', force=True)
 
 
 @pytest.mark.parametrize('make,message', [
