@@ -66,7 +66,8 @@ KEYS = {**keys(
     hellaswag_interval=(0, "also score it at evaluations every this many steps; 0: the end only"),
     hellaswag_items=(None, "score its first this many items; None: all", Kind(int, optional=True)),
     always_save_checkpoint=(True, "False: save only when val loss improves (nanoGPT's option); "
-                            "a signal still saves, so that the run resumes where it stopped"),
+                            "a signal still saves the resume point, keeping the best as "
+                            "ckpt_best.pt"),
     keep_checkpoints=((50000, 100000, 105000), "steps whose ckpt_<step>.pt is kept (authors')"),
     wandb_log=(False, "also log to Weights & Biases (pip install wandb); a resume continues it"),
     wandb_project=('kvgpt', "the W&B project"),
@@ -347,6 +348,7 @@ class LoopState:
     iter_num: int = 0
     best_val_loss: float = math.inf
     tokens_seen: int = 0  # counted: a resume may change a step's tokens
+    ckpt_is_best: bool = False  # out_dir's ckpt.pt holds the best evaluation's state (keep_best)
 
     def state_dict(self):
         """The checkpoint's entries, on every rank: the RNG's gathers every rank's."""
@@ -407,6 +409,7 @@ def train_loop(run):
             # saves nothing, and eval_only never does
             trained = state.iter_num > start_iter and not c['eval_only']
             if trained and (improved or c['always_save_checkpoint']):
+                state.ckpt_is_best = improved
                 all_ranks_save(run, 'eval')
             timer.pause(time.time() - t0)  # step times leave out evaluations and their saves
         if last:
@@ -468,11 +471,45 @@ def all_ranks_check_finite(run, nonfinite):
 @all_ranks
 def all_ranks_stop(run, nonfinite):
     all_ranks_check_finite(run, nonfinite)
-    if not run.settings['eval_only']:  # eval_only trains nothing, and never saves
-        all_ranks_save(run, 'signal')
-    if run.process.master:
+    c, master = run.settings, run.process.master
+    if not c['eval_only']:  # eval_only trains nothing, and never saves
+        # the resume point replaces ckpt.pt: with always_save_checkpoint=False that may be the
+        # best evaluation's state, which is kept first, or nothing is saved
+        problem = keep_best(run) if master and not c['always_save_checkpoint'] else None
+        if distributed.any_rank(run.process, problem is not None):
+            if master:
+                print(f"{problem}: not saving, so that ckpt.pt stays the best evaluation's; "
+                      "a resume repeats the steps since", flush=True)
+        else:
+            run.state.ckpt_is_best = False
+            all_ranks_save(run, 'signal')
+    if master:
         print(f"stopped by a signal at iter {run.state.iter_num} ({run.signals.describe()}); "
               "continue with --init_from=resume (or auto)", flush=True)
+
+
+def keep_best(run):
+    """ckpt.pt, when it holds the best evaluation's state, hard-linked as ckpt_best.pt: the
+    signal's save then replaces ckpt.pt by a rename, and the best stays whole. None, or what
+    failed."""
+    path = os.path.join(run.settings['out_dir'], 'ckpt.pt')
+    if not run.state.ckpt_is_best or not os.path.exists(path):
+        return None
+    best, staged = best_checkpoint(run.settings), best_checkpoint(run.settings) + '.tmp'
+    try:
+        if os.path.exists(staged):
+            os.remove(staged)
+        os.link(path, staged)
+        os.replace(staged, best)
+    except OSError as e:
+        return f"could not keep the best checkpoint: {fs_error(e, best)}"
+    print(f"kept ckpt.pt as {best}: the best evaluation's (val loss "
+          f"{run.state.best_val_loss:.4f})")
+    return None
+
+
+def best_checkpoint(c):
+    return os.path.join(c['out_dir'], 'ckpt_best.pt')
 
 
 @all_ranks
@@ -604,6 +641,17 @@ def all_ranks_save(run, reason, name='ckpt.pt'):
                                  "(see its error)")
     if run.process.master:
         print(f"saved {path} at iter {iter_num} ({reason})")
+        if name == 'ckpt.pt' and run.state.ckpt_is_best:
+            drop_best(run.settings)
+
+
+def drop_best(c):
+    """ckpt_best.pt, once ckpt.pt is better: it would name an older state as the best."""
+    try:
+        if os.path.exists(best_checkpoint(c)):
+            os.remove(best_checkpoint(c))
+    except OSError as e:
+        print(f"note: {fs_error(e, best_checkpoint(c), 'remove')}; ckpt.pt is the best now")
 
 
 def restore(run, ckpt):
@@ -687,8 +735,11 @@ def train(c):
         if process.master and not c['eval_only'] and signals.stopped is None:
             run.record.finish(run.state.iter_num)
             saved = os.path.exists(os.path.join(c['out_dir'], 'ckpt.pt'))
+            best = os.path.exists(best_checkpoint(c))  # a signal's save took ckpt.pt
             print(f"finished at iter {run.state.iter_num} in {format_eta(time.time() - t0)}; "
-                  + (f"sample from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}"
+                  + (f"sample from the best evaluation's: python sample.py --init_from="
+                     f"{shlex.quote(best_checkpoint(c))}" if best else
+                     f"sample from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}"
                      if saved else "no checkpoint was saved (nothing trained, or "
                      "always_save_checkpoint=False and no evaluation improved)"))
         run.finished = True

@@ -223,6 +223,7 @@ RESUME_ENTRIES = dict(
     optimizer=(False, 'a dict', is_dict), scaler=(False, 'a dict or None', optional(is_dict)),
     rng=(False, 'a list of RNG states', is_rng),
     tokens_seen=(False, 'an int or None', optional(is_int)),
+    ckpt_is_best=(False, 'True or False', lambda value: isinstance(value, bool)),
     config=(False, 'a dict or None', optional(is_dict)),
     wandb_run_id=(False, 'a string or None', optional(is_str)))
 

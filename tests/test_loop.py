@@ -21,7 +21,7 @@ from test_train import HERE, argv, free_port
 
 # the keys sample.py, the tools and older runs read
 CHECKPOINT_KEYS = {'model', 'optimizer', 'model_args', 'config', 'meta', 'wandb_run_id',
-                   'iter_num', 'best_val_loss', 'tokens_seen', 'rng', 'scaler'}
+                   'iter_num', 'best_val_loss', 'tokens_seen', 'ckpt_is_best', 'rng', 'scaler'}
 
 
 @dataclass

@@ -381,6 +381,52 @@ def test_a_signal_during_eval_only_saves_nothing(data_root, tmp_path, monkeypatc
     assert (tmp_path / 'ckpt.pt').read_bytes() == before
 
 
+def steer(monkeypatch, signal_at=None, worse_at=()):
+    """SIGTERM while step signal_at's batches are read; the evaluations at worse_at report a val
+    loss 10 higher than measured, so that they do not improve. It replaces the last steer."""
+    monkeypatch.undo()
+    real_starts, real_evaluate = train.step_starts, train.all_ranks_evaluate
+
+    def step_starts(run_data, c, step):
+        if step == signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)  # the run's handler records it
+        return real_starts(run_data, c, step)
+
+    def evaluate(run):
+        losses = real_evaluate(run)
+        return dict(losses, val=losses['val'] + 10 * (run.state.iter_num in worse_at))
+    monkeypatch.setattr(train, 'step_starts', step_starts)
+    monkeypatch.setattr(train, 'all_ranks_evaluate', evaluate)
+
+
+def test_a_signal_keeps_the_best_checkpoint_when_only_improvements_are_saved(
+        data_root, tmp_path, monkeypatch, capsys):
+    """always_save_checkpoint=False: ckpt.pt holds the best evaluation's state, and the resume
+    point a signal saves must not take it away. It is kept as ckpt_best.pt until an evaluation
+    beats it, when ckpt.pt is the best again."""
+    keys = dict(max_iters=9, eval_interval=3, always_save_checkpoint=False)
+    steer(monkeypatch, signal_at=4)
+    with pytest.raises(SystemExit):  # step 3's evaluation is saved, then the signal at step 5
+        run(data_root, tmp_path, **keys)
+    best, ckpt = tmp_path / 'ckpt_best.pt', tmp_path / 'ckpt.pt'
+    assert load_checkpoint(str(best))['iter_num'] == 3
+    assert load_checkpoint(str(ckpt))['iter_num'] == 5
+    assert f"kept ckpt.pt as {best}: the best evaluation's" in capsys.readouterr().out
+    best_bytes = best.read_bytes()
+    steer(monkeypatch, worse_at=(6, 9))  # no better evaluation: ckpt.pt stays the resume point
+    run(data_root, tmp_path, init_from='resume', **keys)
+    assert best.read_bytes() == best_bytes and load_checkpoint(str(ckpt))['iter_num'] == 5
+    assert f"sample from the best evaluation's: python sample.py --init_from={best}" in \
+        capsys.readouterr().out
+    steer(monkeypatch, worse_at=(6,))  # steps 9's and 12's evaluations beat step 3's
+    run(data_root, tmp_path, init_from='resume', **dict(keys, max_iters=12))
+    assert not best.exists() and load_checkpoint(str(ckpt))['iter_num'] == 12
+    steer(monkeypatch, signal_at=4)  # with every evaluation saved, nothing is kept aside
+    with pytest.raises(SystemExit):
+        run(data_root, tmp_path / 'always', **dict(keys, always_save_checkpoint=True))
+    assert not (tmp_path / 'always' / 'ckpt_best.pt').exists()
+
+
 def test_eval_only_evaluates_and_writes_nothing(data_root, tmp_path, capsys):
     run(data_root, tmp_path, max_iters=10)
     good = (tmp_path / 'ckpt.pt').read_bytes()
@@ -886,6 +932,7 @@ DAMAGES = [  # (key, value, None: removed, what the one line says)
     ('optimizer', [], "its 'optimizer' is a list .*, not a dict"),
     ('rng', 'seed', "its 'rng' is a str .*, not a list of RNG states"),
     ('tokens_seen', 1.5, "its 'tokens_seen' is a float .*, not an int or None"),
+    ('ckpt_is_best', 'yes', "its 'ckpt_is_best' is a str .*, not True or False"),
     ('meta', 'byte', "its 'meta' is a str .*, not a dict or None"),
 ]
 
