@@ -23,6 +23,7 @@ import functools
 import glob
 import json
 import os
+import shlex
 import signal
 import sysconfig
 
@@ -413,9 +414,9 @@ def split_by_position(ds, c):
 
 
 def prepare(c):
-    c = resolve(c)
+    asked, c = c, resolve(c)
     if holds_bins(c['dataset']):
-        return describe_bins(c)
+        return describe_bins(c, asked)
     tok = get_tokenizer(c['tokenizer'])
     dtype = pick_dtype(c['dtype'], tok.vocab_size)
     out_dir = os.path.join(c['data_root'], c['out_name'])
@@ -557,17 +558,22 @@ def holds_bins(path):
                                        for s in SPLITS)
 
 
-def describe_bins(c):
+def describe_bins(c, asked):
     """A folder of train.bin and val.bin with no meta.json, such as nanoGPT's
     data/openwebtext: meta.json is written beside them (GPT-2 ids as uint16 unless --tokenizer
-    and --dtype say otherwise), once every id is checked against the vocabulary."""
+    and --dtype say otherwise), once every id is checked against the vocabulary. asked: the
+    settings as given, before resolve(): --force=True keeps the recorded tokenizer and dtype
+    that it does not name."""
     folder = c['dataset']
     meta_path = os.path.join(folder, 'meta.json')
     if os.path.exists(meta_path):
         meta = read_json(meta_path, 'meta.json')
         if not meta.get('described') and c['force']:  # prepare.py's: made again from its source
-            raise UserError(f"{folder} holds bins prepare.py made from {meta.get('source')}: "
-                            "redo them from that source (--dataset=<it> --force=True)")
+            raise UserError(f"{folder} holds bins prepare.py made from {meta.get('source')}; "
+                            f"to make them again: {remake_command(meta, folder)}")
+        if meta.get('described') and c['force']:
+            c = dict(c, tokenizer=asked['tokenizer'] or meta['tokenizer'],
+                     dtype=meta['dtype'] if asked['dtype'] == 'auto' else asked['dtype'])
         if not c['force']:
             if bins_match_meta(folder, meta):
                 raise UserError(bins_match_meta(folder, meta))
@@ -604,6 +610,17 @@ def describe_bins(c):
     print(f"described {folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val "
           f"tokens ({tok.name}, {dtype}); train on it with {train_flags(c)}")
     return meta
+
+
+def remake_command(meta, folder):
+    """The prepare.py command that writes folder's bins again from their source, by the settings
+    its meta.json records."""
+    settings = meta.get('settings') or {'dataset': meta.get('source')}
+    flags = [f"--{k}={v}" for k, v in settings.items() if k == 'dataset' or v != DEFAULTS.get(k)]
+    parent, name = os.path.split(os.path.normpath(os.path.abspath(folder)))
+    return ' '.join(['python prepare.py', *(shlex.quote(f) for f in flags),
+                     shlex.quote(f'--data_root={parent}'), shlex.quote(f'--out_name={name}'),
+                     '--force=True'])
 
 
 def train_flags(c):

@@ -212,6 +212,9 @@ def build_model(c, meta, master):
                             "file (such as out/ckpt.pt), gpt2..gpt2-xl or a GPT-2 folder")
         with model_errors('bad model config'):
             model = GPT(GPTConfig(**model_args_from(c, meta)), verbose=master)
+    elif c['finetune'] and os.path.isfile(os.path.join(c['init_from'], 'ckpt.pt')):
+        raise UserError(f"{c['init_from']} is a run folder: fine-tune its checkpoint with "
+                        f"--init_from={os.path.join(c['init_from'], 'ckpt.pt')}")
     elif c['finetune'] and os.path.isfile(c['init_from']):
         model = finetuned_model(c, meta, master)
     elif c['init_from'] == 'resume' or os.path.isfile(c['init_from']):

@@ -99,10 +99,11 @@ def resolve_init(c, master):
             print("init_from=auto: " + (f"resuming from {path}" if exists else
                                         f"no checkpoint in {c['out_dir']}, starting from scratch"))
         return 'resume' if exists else 'scratch'
-    # a fresh start: anything but a resume (scratch, gpt2..gpt2-xl, a GPT-2 folder, a branch)
+    # a fresh start: anything but a resume (scratch, gpt2..gpt2-xl, a GPT-2 folder, a branch);
+    # a branch off out_dir's own ckpt.pt continues it, but a fine-tune of it would start over
     fresh = c['init_from'] != 'resume'
-    if fresh and exists and not c['overwrite'] and os.path.abspath(c['init_from']) != \
-            os.path.abspath(path):
+    own = os.path.abspath(c['init_from']) == os.path.abspath(path) and not c.get('finetune')
+    if fresh and exists and not c['overwrite'] and not own:
         try:
             step = f" at iter {load_checkpoint(path, mmap=True)['iter_num']}"
         except (UserError, KeyError):

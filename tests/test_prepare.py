@@ -624,17 +624,24 @@ def test_bins_from_nanogpt_are_described_in_place_and_train_reads_them(tmp_path,
             f"{tmp_path / 'elsewhere'}; --force=True describes it again") in said
     os.remove(f'{folder}/val.bin')
     np.asarray(ids[-200:], dtype=np.uint16).tofile(f'{folder}/val.bin')  # replaced: force redoes
-    assert run(tmp_path, dataset=folder, tokenizer='byte', force=True)['val_tokens'] == 200
+    meta = run(tmp_path, dataset=folder, force=True)  # the tokenizer it was described with
+    assert (meta['tokenizer'], meta['dtype'], meta['val_tokens']) == ('byte', 'uint16', 200)
     assert capsys.readouterr().out.startswith(f"described {folder}: {len(ids) - 300:,} train")
 
 
-def test_force_on_bins_prepare_made_points_to_their_source(tmp_path):
+def test_force_on_bins_prepare_made_gives_the_command_that_makes_them(tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
-    run(tmp_path, dataset=src, tokenizer='byte')
-    with pytest.raises(UserError, match=re.escape(
-            f"{tmp_path}/data/docs holds bins prepare.py made from {src}: redo them from that "
-            "source (--dataset=<it> --force=True)")):
-        run(tmp_path, dataset=str(tmp_path / 'data' / 'docs'), tokenizer='byte', force=True)
+    first = run(tmp_path, dataset=src, tokenizer='byte', val_size=0.2)
+    folder = tmp_path / 'data' / 'docs'
+    with pytest.raises(UserError) as refused:
+        run(tmp_path / 'elsewhere', dataset=str(folder), force=True)
+    command = (f"python prepare.py --dataset={src} --tokenizer=byte --val_size=0.2 "
+               f"--data_root={tmp_path / 'data'} --out_name=docs --force=True")
+    assert str(refused.value) == (f"{folder} holds bins prepare.py made from {src}; to make them "
+                                  f"again: {command}")
+    monkeypatch.setattr(prepare, 'interrupts_stop_the_main_process', lambda: None)
+    again = prepare.main(command.split()[2:])  # the command works, and makes the same bins
+    assert again['digests'] == first['digests'] and again['settings'] == first['settings']
 
 
 @pytest.mark.parametrize('make,message', [

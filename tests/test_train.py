@@ -858,6 +858,21 @@ def test_finetune_refuses_another_tokenizer_and_a_start_from_scratch(data_root, 
     for init_from in ('scratch', 'auto'):  # auto: no checkpoint in out_dir to resume
         with pytest.raises(UserError, match="finetune=True takes its weights from init_from"):
             run(data_root, tmp_path / 'ft', finetune=True, init_from=init_from)
+    with pytest.raises(UserError, match=re.escape(
+            f"{tmp_path / 'pre'} is a run folder: fine-tune its checkpoint with "
+            f"--init_from={tmp_path / 'pre' / 'ckpt.pt'}")):
+        run(data_root, tmp_path / 'ft', finetune=True, init_from=str(tmp_path / 'pre'))
+
+
+def test_a_finetune_into_its_own_runs_folder_is_refused_like_any_fresh_start(data_root,
+                                                                              tmp_path):
+    """A branch off out_dir's own ckpt.pt continues the run; a fine-tune of it would start over
+    and drop its record and kept checkpoints."""
+    run(data_root, tmp_path, max_iters=4, eval_interval=2, keep_checkpoints=(2,))
+    before = run_files(tmp_path)
+    with pytest.raises(UserError, match="already holds a checkpoint at iter 4: --init_from=res"):
+        run(data_root, tmp_path, init_from=str(tmp_path / 'ckpt.pt'), finetune=True, max_iters=6)
+    assert run_files(tmp_path) == before
 
 
 def change_data(data_dir, source, how):
