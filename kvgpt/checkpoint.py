@@ -155,7 +155,7 @@ class OutDirLock:
 
 # the temporary files (files.atomic_write's <name>.tmp) of what a run writes to its out_dir: a
 # run killed while writing one leaves it, and ckpt.pt's is up to a whole checkpoint
-LEFTOVER = re.compile(r'(ckpt(_\d+)?\.pt|log\.jsonl|config\.json)\.tmp')
+LEFTOVER = re.compile(r'(ckpt(_\d+|_best)?\.pt|log\.jsonl|config\.json)\.tmp')
 
 
 def remove_leftovers(out_dir):

@@ -592,7 +592,8 @@ def test_a_run_removes_what_a_killed_run_left_half_written_under_its_lock(data_r
                                                                         capsys, command_line):
     from kvgpt.checkpoint import OutDirLock
     run(data_root, tmp_path, max_iters=2, eval_interval=2)
-    leftovers = {'ckpt.pt.tmp': 2 ** 20, 'ckpt_4.pt.tmp': 10, 'log.jsonl.tmp': 10}
+    leftovers = {'ckpt.pt.tmp': 2 ** 20, 'ckpt_4.pt.tmp': 10, 'ckpt_best.pt.tmp': 10,
+                 'log.jsonl.tmp': 10}
     theirs = ['notes.tmp', 'ckpt.pt.tmp.bak']  # not a run's: the user's
     lock = OutDirLock(str(tmp_path))  # a live run, writing its temporaries
     for name in [*leftovers, *theirs]:
@@ -605,7 +606,8 @@ def test_a_run_removes_what_a_killed_run_left_half_written_under_its_lock(data_r
     run(data_root, tmp_path, init_from='resume', max_iters=4)
     said = [line for line in capsys.readouterr().out.splitlines() if 'half-written' in line]
     assert said == [f"removed what a killed run left half-written in {tmp_path}: ckpt.pt.tmp "
-                    "(1.0 MiB), ckpt_4.pt.tmp (0.0 MiB), log.jsonl.tmp (0.0 MiB)"]
+                    "(1.0 MiB), ckpt_4.pt.tmp (0.0 MiB), ckpt_best.pt.tmp (0.0 MiB), "
+                    "log.jsonl.tmp (0.0 MiB)"]
     assert sorted(f for f in os.listdir(tmp_path) if 'tmp' in f) == sorted(theirs)
 
 
