@@ -575,8 +575,9 @@ def describe_bins(c, asked):
             c = dict(c, tokenizer=asked['tokenizer'] or meta['tokenizer'],
                      dtype=meta['dtype'] if asked['dtype'] == 'auto' else asked['dtype'])
         if not c['force']:
-            if bins_match_meta(folder, meta):
-                raise UserError(bins_match_meta(folder, meta))
+            problem = bins_match_meta(folder, meta)
+            if problem:
+                raise UserError(problem)
             print(f"{folder} is prepared already ({meta.get('tokenizer')}, {meta.get('dtype')}"
                   f"); train on it with {train_flags(c)}"
                   + ("; --force=True describes it again" if meta.get('described') else ""))
@@ -617,7 +618,7 @@ def remake_command(meta, folder):
     its meta.json records."""
     settings = meta.get('settings') or {'dataset': meta.get('source')}
     flags = [f"--{k}={v}" for k, v in settings.items() if k == 'dataset' or v != DEFAULTS.get(k)]
-    parent, name = os.path.split(os.path.normpath(os.path.abspath(folder)))
+    parent, name = parent_and_name(folder)
     return ' '.join(['python prepare.py', *(shlex.quote(f) for f in flags),
                      shlex.quote(f'--data_root={parent}'), shlex.quote(f'--out_name={name}'),
                      '--force=True'])
@@ -625,10 +626,14 @@ def remake_command(meta, folder):
 
 def train_flags(c):
     """train.py's flags for the folder c['dataset']: its name, and its parent unless data_root."""
-    parent, name = os.path.split(os.path.normpath(os.path.abspath(c['dataset'])))
+    parent, name = parent_and_name(c['dataset'])
     same = os.path.realpath(parent) == os.path.realpath(c['data_root'])
     return f"--dataset={name}" + ('' if same else f" --data_root={parent}")
 
+
+def parent_and_name(folder):
+    """(the absolute folder holding folder, folder's own name): data_root and the dataset."""
+    return os.path.split(os.path.normpath(os.path.abspath(folder)))
 
 
 def interrupts_stop_the_main_process():

@@ -42,6 +42,7 @@ from kvgpt.data import Dataset, check_fits, check_same_data, open_or_prepare
 from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import UserError, fs_error, model_errors, run_main
+from kvgpt.files import atomic_write
 from kvgpt.signals import Interrupted, Signals
 from kvgpt.tracking import Record, open_trackers, wandb_run_id
 from model import GPT, QUERY_MODES, GPTConfig, upgrade_query
@@ -498,12 +499,9 @@ def keep_best(run):
     path = os.path.join(run.settings['out_dir'], 'ckpt.pt')
     if not run.state.ckpt_is_best or not os.path.exists(path):
         return None
-    best, staged = best_checkpoint(run.settings), best_checkpoint(run.settings) + '.tmp'
+    best = best_checkpoint(run.settings)
     try:
-        if os.path.exists(staged):
-            os.remove(staged)
-        os.link(path, staged)
-        os.replace(staged, best)
+        atomic_write(best, lambda staged: os.link(path, staged))
     except OSError as e:
         return f"could not keep the best checkpoint: {fs_error(e, best)}"
     print(f"kept ckpt.pt as {best}: the best evaluation's (val loss "
