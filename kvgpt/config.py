@@ -147,9 +147,16 @@ def run_config_file(path, config, applied=None):
     """The settings a config file assigns, after those of the files it includes. It runs with
     config in scope; applied: the files named before it, among which its stacked_on must be
     (None checks nothing)."""
+    if os.path.isdir(path):  # a run folder, given as `python sample.py out-demo`
+        raise UserError(f"'{path}' is a folder, not a config file: a run's folder is named "
+                        f"with --out_dir={path}")
     if not os.path.isfile(path):
         raise UserError(f"config file '{path}' not found (arguments are config files and "
                         "--key=value)")
+    if is_checkpoint(path):
+        raise UserError(f"'{path}' is a checkpoint, not a config file: name its run with "
+                        f"--out_dir={os.path.dirname(path) or '.'}, or the file itself with "
+                        f"--init_from={path}")
     # one namespace, as a module has: a comprehension or def in the file reads what the file set
     # before it, not the value the file replaced
     namespace = Assignments(config)
@@ -171,6 +178,12 @@ def run_config_file(path, config, applied=None):
     for base in named_files(path, made.pop('include', ())):
         included.update(run_config_file(base, config, applied))
     return {**included, **made}
+
+
+def is_checkpoint(path):
+    """A file torch.save wrote: a zip archive (torch's format since 1.6) or a .pt name."""
+    with open(path, 'rb') as f:
+        return path.endswith('.pt') or f.read(4) == b'PK\x03\x04'
 
 
 class Assignments(dict):

@@ -280,3 +280,22 @@ def test_a_file_that_includes_its_base_is_that_base_named_first():
     assert alone == stacked and alone['dataset'] == 'pydocs' and alone['query'] == 'identity'
     for f in glob.glob(os.path.join(HERE, 'config', '*.py')):  # none stacks by a Python import
         assert 'import' not in open(f).read(), f
+
+
+@pytest.mark.parametrize('script', [train, sample])
+def test_a_run_folder_or_checkpoint_given_as_a_config_file_says_how_to_name_it(script, tmp_path,
+                                                                               command_line):
+    run = tmp_path / 'out-demo'
+    run.mkdir()
+    torch.save({'iter_num': 1}, run / 'ckpt.pt')
+    code, err = command_line(script, [str(run)])
+    assert code == 2 and err.count('\n') == 1
+    assert f"'{run}' is a folder, not a config file: a run's folder is named with " \
+           f"--out_dir={run}" in err
+    code, err = command_line(script, [str(run / 'ckpt.pt')])
+    assert code == 2 and err.count('\n') == 1
+    assert f"is a checkpoint, not a config file: name its run with --out_dir={run}, or the " \
+           f"file itself with --init_from={run / 'ckpt.pt'}" in err
+    os.rename(run / 'ckpt.pt', run / 'saved')  # torch's zip format, whatever the name
+    code, err = command_line(script, [str(run / 'saved')])
+    assert code == 2 and 'is a checkpoint, not a config file' in err
