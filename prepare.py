@@ -22,6 +22,7 @@ import ast
 import functools
 import glob
 import json
+import logging
 import os
 import shlex
 import signal
@@ -230,6 +231,8 @@ def import_datasets():
     except ImportError as e:
         raise UserError(f"prepare.py needs the datasets package ({e}): pip install datasets, or "
                         "pip install -r requirements.txt") from None
+    if 'HF_HUB_VERBOSITY' not in os.environ:  # offline, each retry of the hub's is a warning
+        logging.getLogger('huggingface_hub').setLevel(logging.ERROR)  # line; the error says it
     return datasets
 
 
