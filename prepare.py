@@ -19,6 +19,7 @@ renames only (the old meta.json goes first, the new one last), so a full disk, o
 tokenizing, leaves the old dataset whole, and a failed rename leaves no bins.
 """
 import ast
+import errno
 import functools
 import glob
 import json
@@ -376,6 +377,18 @@ def check_outside_source(c, out_dir):
                         "move the documents out of it, or pass --data_root or --out_name")
 
 
+def check_destination(out_dir):
+    """Refuse a folder that cannot be written before the tokenizing (hours, for a large corpus),
+    not after it: the nearest folder on the path that exists must be one, and writable."""
+    there = os.path.abspath(out_dir)
+    while not os.path.lexists(there):
+        there = os.path.dirname(there)
+    problem = (errno.ENOTDIR if not os.path.isdir(there) else
+               None if os.access(there, os.W_OK | os.X_OK) else errno.EACCES)
+    if problem:
+        raise UserError(fs_error(OSError(problem, os.strerror(problem)), out_dir))
+
+
 def pick_dtype(name, vocab_size):
     if name == 'auto':
         name = 'uint16' if vocab_size <= 2 ** 16 else 'uint32'
@@ -424,6 +437,7 @@ def prepare(c):
     dtype = pick_dtype(c['dtype'], tok.vocab_size)
     out_dir = os.path.join(c['data_root'], c['out_name'])
     check_outside_source(c, out_dir)
+    check_destination(out_dir)
     meta_path = os.path.join(out_dir, 'meta.json')
     settings = {k: c[k] for k in ('dataset', 'hub_id', 'text_column', 'tokenizer', 'val_size',
                                   'seed', 'dtype')}

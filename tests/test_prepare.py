@@ -169,6 +169,23 @@ def test_failed_run_leaves_nothing_finished_looking(tmp_path, monkeypatch):
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
 
 
+@pytest.mark.parametrize('data_root', ['a_file', 'a_file/deeper'])
+def test_a_destination_that_cannot_be_a_folder_is_refused_before_the_source_is_read(
+        tmp_path, monkeypatch, data_root):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    (tmp_path / 'a_file').write_text('in the way')
+
+    def read(c):
+        raise AssertionError('the source was read, and would have been tokenized, first')
+    monkeypatch.setattr(prepare, 'load_source', read)
+    out = tmp_path / data_root / 'docs'
+    with pytest.raises(UserError, match=re.escape(
+            f"cannot write {out} (Not a directory): a file is in the way where a folder should "
+            "be")):
+        run(tmp_path, dataset=src, data_root=str(tmp_path / data_root))
+    assert sorted(os.listdir(tmp_path)) == ['a_file', 'docs.jsonl']
+
+
 def no_space(*args):
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), *args)
 
