@@ -5,6 +5,7 @@ written last; the Dataset that train.py draws its windows from (the windows of s
 before anything trusts it. prepare.py makes the bins from a corpus; nothing here tokenizes.
 """
 
+import difflib
 import glob
 import hashlib
 import os
@@ -250,6 +251,12 @@ def missing_dataset(data_root, name):
     data_dir = os.path.join(data_root, name)
     prepared = os.path.splitext(os.path.basename(os.path.normpath(name)))[0]
     if not prepared or prepared == name:
+        made = glob.glob(os.path.join(glob.escape(data_root), '*', 'meta.json'))
+        names = {*EMBEDDED_CORPORA, *(os.path.basename(os.path.dirname(m)) for m in made)}
+        close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.8)
+        if close:
+            return (f"no prepared dataset at {data_dir}: did you mean --dataset={close[0]}? "
+                    f"(or run `python prepare.py --dataset={name}{root}` first)")
         return (f"no prepared dataset at {data_dir}: run "
                 f"`python prepare.py --dataset={name}{root}` first")
     if os.path.exists(os.path.join(data_root, prepared, 'meta.json')):

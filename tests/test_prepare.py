@@ -129,6 +129,29 @@ def test_the_advice_for_a_missing_dataset_names_its_data_root(tmp_path, monkeypa
         open_dataset('data/', 'docs', 8)
 
 
+def test_a_misspelt_dataset_name_is_answered_with_the_name_it_is_close_to(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match=re.escape(
+            f"no prepared dataset at {tmp_path / 'pydoc'}: did you mean --dataset=pydocs?")):
+        open_dataset(str(tmp_path), 'pydoc', 8)
+    (tmp_path / 'my_corpus').mkdir()
+    (tmp_path / 'my_corpus' / 'meta.json').write_text('{}')  # one prepare.py wrote
+    with pytest.raises(UserError, match="did you mean --dataset=my_corpus?"):
+        open_dataset(str(tmp_path), 'my_corpos', 8)
+    with pytest.raises(UserError) as e:
+        open_dataset(str(tmp_path), 'nothing_like_it', 8)
+    assert 'did you mean' not in str(e.value)
+    assert 'prepare.py --dataset=nothing_like_it' in str(e.value)
+
+    def hub(*a, **k):
+        raise AssertionError('went to the tokenizer or the hub with a misspelt corpus')
+    monkeypatch.setattr(prepare, 'get_tokenizer', hub)
+    monkeypatch.setattr(prepare, 'load_source', hub)
+    with pytest.raises(UserError, match=re.escape(
+            "no file, folder or corpus named 'pysorce': did you mean --dataset=pysource? (a hub "
+            "dataset is named owner/name)")):
+        run(tmp_path, dataset='pysorce')
+
+
 def test_the_advice_for_a_source_file_names_the_folder_prepare_writes(tmp_path, monkeypatch):
     """--dataset=input.txt names the source; prepare.py writes data/input, which train reads."""
     monkeypatch.chdir(tmp_path)
