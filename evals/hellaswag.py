@@ -25,6 +25,7 @@ import torch.nn.functional as F
 if not __package__:  # run as a file, not with -m: import from the repository root all the same
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from kvgpt.checkpoint import load_checkpoint
 from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.device import DTYPES, setup_device
 from kvgpt.errors import UserError, run_main
@@ -246,6 +247,8 @@ def evaluate(c):
         raise UserError(f"limit must be a positive number of items or None, got {c['limit']!r}")
     if not isinstance(c['batch_size'], int) or c['batch_size'] < 1:
         raise UserError(f"batch_size must be a positive integer, got {c['batch_size']!r}")
+    if c['data'] == 'download' and c['init_from'] == 'resume':  # a wrong run folder: before it
+        load_checkpoint(os.path.join(c['out_dir'], 'ckpt.pt'), mmap=True)
     items = load(c['data'], c['limit'])
     dev = setup_device(c['device'], c['dtype'], compile=False)
     model, tok = load_model(c)

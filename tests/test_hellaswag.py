@@ -188,6 +188,17 @@ def test_the_val_set_downloads_once_into_the_cache(tmp_path, monkeypatch, capsys
     assert not os.path.exists(cache / 'missing.jsonl')
 
 
+def test_a_run_folder_without_a_checkpoint_is_said_before_the_download(tmp_path, monkeypatch,
+                                                                      command_line):
+    def download(*a, **k):
+        raise AssertionError('downloaded HellaSwag for a run that has no checkpoint')
+    monkeypatch.setattr(hellaswag, 'download', download)
+    code, err = command_line(hellaswag, [f'--out_dir={tmp_path}/nope'])
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: no checkpoint at {tmp_path}/nope/ckpt.pt: train one first, or name a run "
+        "directory that holds one"]
+
+
 @pytest.mark.parametrize('line, message', [
     ('{"ctx_a": "a"}', 'line 2 is not a HellaSwag item (it lacks ctx_b, activity_label'),
     ('not json', 'line 2 is not a HellaSwag item'),
