@@ -9,7 +9,6 @@ the neighbouring weights. With `query='identity'` head h's query is the coordina
 and V, and every layer loses n_embd^2 weights, 25% of the attention. Module names follow
 nanoGPT (transformer.wte, h.N.attn.c_attn, ...), so nanoGPT checkpoints load as baselines.
 """
-import logging
 import math
 import os
 from contextlib import nullcontext
@@ -539,8 +538,6 @@ def load_hf_gpt2(name_or_path):
         from transformers import GPT2LMHeadModel
     except ImportError:
         raise ImportError("loading GPT-2 weights needs transformers: pip install transformers")
-    if 'HF_HUB_VERBOSITY' not in os.environ:  # offline, each retry of the hub's is a warning
-        logging.getLogger('huggingface_hub').setLevel(logging.ERROR)  # line; the error says it
     try:
         return GPT2LMHeadModel.from_pretrained(name_or_path)
     except Exception as e:

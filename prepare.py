@@ -24,7 +24,6 @@ import errno
 import functools
 import glob
 import json
-import logging
 import os
 import shlex
 import signal
@@ -34,7 +33,7 @@ import numpy as np
 
 from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.data import EMBEDDED_CORPORA, SPLITS, bins_match_meta, file_digest, write_dataset
-from kvgpt.errors import UserError, fs_error, run_main
+from kvgpt.errors import UserError, fs_error, quiet_hub, run_main
 from kvgpt.files import read_json, write_json
 from kvgpt.tokenizer import TOKENIZERS, get_tokenizer
 
@@ -233,8 +232,7 @@ def import_datasets():
     except ImportError as e:
         raise UserError(f"prepare.py needs the datasets package ({e}): pip install datasets, or "
                         "pip install -r requirements.txt") from None
-    if 'HF_HUB_VERBOSITY' not in os.environ:  # offline, each retry of the hub's is a warning
-        logging.getLogger('huggingface_hub').setLevel(logging.ERROR)  # line; the error says it
+    quiet_hub()
     return datasets
 
 

@@ -15,7 +15,7 @@ import torch
 from kvgpt.checkpoint import model_from_checkpoint
 from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.device import DTYPES, setup_device
-from kvgpt.errors import UserError, model_errors, run_main
+from kvgpt.errors import UserError, model_errors, quiet_hub, run_main
 from kvgpt.tokenizer import get_tokenizer, stream_decoder
 from model import GPT
 
@@ -67,6 +67,7 @@ def load_model(c):
     if c['init_from'] in ('scratch', 'auto'):
         raise UserError(f"sample.py's init_from is resume (out_dir's checkpoint), a checkpoint "
                         f"file, gpt2..gpt2-xl or a local GPT-2 folder, got {c['init_from']!r}")
+    quiet_hub()
     with model_errors():
         return GPT.from_pretrained(c['init_from']), get_tokenizer('gpt2')
 

@@ -41,7 +41,7 @@ from kvgpt.config import Key, Kind, defaults, keys, parse_config, print_override
 from kvgpt.data import Dataset, check_fits, check_same_data, open_or_prepare
 from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
-from kvgpt.errors import UserError, fs_error, model_errors, run_main
+from kvgpt.errors import UserError, fs_error, model_errors, quiet_hub, run_main
 from kvgpt.files import atomic_write
 from kvgpt.signals import Interrupted, Signals
 from kvgpt.tracking import Record, open_trackers, wandb_run_id
@@ -230,6 +230,7 @@ def build_model(c, meta, master):
             print("resuming: the checkpoint's model settings win over "
                   + ', '.join(f'{k}={c[k]!r}' for k in changed))
     else:
+        quiet_hub()
         with model_errors():
             model = GPT.from_pretrained(c['init_from'], dropout=c['dropout'])
         ignored = pretrained_overrides(c, model)

@@ -4,6 +4,8 @@ traceback (KVGPT_DEBUG=1 shows it); a filesystem failure names the path and what
 """
 
 import errno
+import importlib
+import logging
 import os
 import sys
 from contextlib import contextmanager
@@ -22,6 +24,19 @@ def model_errors(source=None):
         yield
     except (ValueError, TypeError, ImportError) as e:
         raise UserError(f"{source}: {e}" if source else str(e)) from None
+
+
+def quiet_hub():
+    """Offline, huggingface_hub logs a warning line for each retry of a download before the
+    error that says it once. Its import sets its logger's level, so this imports it first;
+    HF_HUB_VERBOSITY, if set, still rules."""
+    if 'HF_HUB_VERBOSITY' in os.environ:
+        return
+    try:
+        importlib.import_module('huggingface_hub')
+    except ImportError:
+        return
+    logging.getLogger('huggingface_hub').setLevel(logging.ERROR)
 
 
 ELSEWHERE = "free space, or choose a folder on another disk"
