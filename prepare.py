@@ -437,11 +437,11 @@ def prepare(c):
     asked, c = c, resolve(c)
     if holds_bins(c['dataset']):
         return describe_bins(c, asked)
-    tok = get_tokenizer(c['tokenizer'])
-    dtype = pick_dtype(c['dtype'], tok.vocab_size)
     out_dir = os.path.join(c['data_root'], c['out_name'])
     check_outside_source(c, out_dir)
     check_destination(out_dir)
+    tok = get_tokenizer(c['tokenizer'])  # offline, the GPT-2 BPE may be missing: after the above
+    dtype = pick_dtype(c['dtype'], tok.vocab_size)
     meta_path = os.path.join(out_dir, 'meta.json')
     settings = {k: c[k] for k in ('dataset', 'hub_id', 'text_column', 'tokenizer', 'val_size',
                                   'seed', 'dtype')}
