@@ -222,8 +222,8 @@ def build_model(c, meta, master):
         path = checkpoint_path(c)
         model, ckpt = model_from_checkpoint(path, verbose=master, resume=True)
         check_same_data(ckpt.get('meta'), meta, path, f"{c['data_root']}/{c['dataset']}")
-        if c['init_from'] != 'resume' and master:
-            check_branch(ckpt.get('config'), c, ckpt['iter_num'], path)
+        if master:
+            check_schedule(ckpt.get('config'), c, ckpt['iter_num'], path)
         ours = model_settings(ckpt)
         changed = [k for k, v in ours.items() if c.get(k) is not None and c[k] != v]
         if changed and master:
@@ -292,9 +292,10 @@ def cooldown_start(c):
     return c['max_iters'] - round(c['cooldown_frac'] * c['max_iters'])
 
 
-def check_branch(source, c, step, path):
-    """A branch continues a run exactly as that run's own schedule would have taken it to max_iters
-    only if both schedules agree on every step before the checkpoint: say so when they do not."""
+def check_schedule(source, c, step, path):
+    """A branch or a resume continues a run as its own settings would have trained it from scratch
+    only if both schedules agree on every step before the checkpoint: say so when they do not (a
+    resume with a larger max_iters stretches a cosine whose horizon follows it)."""
     if not isinstance(source, dict) or 'learning_rate' not in source:
         return
     source = dict(DEFAULTS, **source)
@@ -302,7 +303,8 @@ def check_branch(source, c, step, path):
     if differ is not None:
         print(f"note: {path} was trained with another learning rate at step {differ} "
               f"({get_lr(differ, source):.3g} against {get_lr(differ, c):.3g} here): this "
-              "branch is not the run its settings would make from scratch")
+              f"{'resumed run' if c['init_from'] == 'resume' else 'branch'} is not the run its "
+              "settings would make from scratch")
 
 
 # -----------------------------------------------------------------------------

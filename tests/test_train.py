@@ -778,10 +778,24 @@ def test_auto_starts_from_scratch_then_resumes_exactly(data_root, tmp_path, caps
     log = run(data_root, tmp_path / 'auto', init_from='auto', max_iters=10)
     assert log[0]['iter'] == 0 and 'no checkpoint in' in capsys.readouterr().out
     log = run(data_root, tmp_path / 'auto', init_from='auto', max_iters=20)
-    assert 'resuming from' in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert 'resuming from' in out and 'note:' not in out  # lr_decay_iters fixes the schedule
     straight = run(data_root, tmp_path / 'straight', max_iters=20)
     assert losses(log) == losses(straight)
     assert_same_state(final_state(tmp_path / 'auto'), final_state(tmp_path / 'straight'))
+
+
+def test_a_resume_that_stretches_the_cosine_says_so(data_root, tmp_path, capsys):
+    """With the cosine's horizon at max_iters, a resume with a larger max_iters changes the LR of
+    steps already trained: the run goes on, saying from which step the schedules part."""
+    run(data_root, tmp_path / 'run', max_iters=4, eval_interval=2, lr_decay_iters=None)
+    capsys.readouterr()
+    log = run(data_root, tmp_path / 'run', init_from='resume', max_iters=8, eval_interval=2,
+              lr_decay_iters=None)
+    assert log[-1]['iter'] == 8
+    assert ('was trained with another learning rate at step 3 (0.0055 against 0.0094 here): '
+            'this resumed run is not the run its settings would make from scratch'
+            in capsys.readouterr().out)
 
 
 @pytest.mark.parametrize('how', ['fewer tokens', 'the same size'])
