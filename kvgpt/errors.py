@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from contextlib import contextmanager
 
 
@@ -71,8 +72,9 @@ def fs_error(e, path=None, doing='write'):
 
 def run_main(main):
     """Run a script's main(): a user error, or a filesystem failure no caller explained more
-    closely, is one line on stderr and exit code 2 (KVGPT_DEBUG=1 shows the traceback instead);
-    Ctrl-C is "interrupted" and exit code 130."""
+    closely, is one line on stderr and exit code 2 (KVGPT_DEBUG=1 prints the traceback instead,
+    with the same exit code); Ctrl-C is "interrupted" and exit code 130; anything else is a bug,
+    and Python's traceback and exit code 1 say so."""
     try:
         main()
     except BrokenPipeError:  # `python sample.py ... | head`: the reader has gone, nothing is wrong
@@ -84,8 +86,11 @@ def run_main(main):
         debug = os.environ.get('KVGPT_DEBUG') == '1'
         if during_interrupt(e) and not debug:  # a library's cleanup, failing on the way out
             interrupted()
-        if debug or not isinstance(e, (UserError, OSError)):
+        if not isinstance(e, (UserError, OSError)):
             raise
+        if debug:
+            traceback.print_exc()
+            sys.exit(2)
         if not isinstance(e, UserError):  # from a read or a write: only some errors tell which
             e = fs_error(e, doing='write' if e.errno in WRITES_ONLY else 'read or write')
         print(f"error: {e}", file=sys.stderr)

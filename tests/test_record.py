@@ -430,6 +430,23 @@ def test_each_filesystem_failure_says_what_to_do(error, doing, advice, capsys):
     assert line.startswith(f"error: cannot {doing} /runs/x ({error.strerror}): {advice}")
 
 
+def test_kvgpt_debug_shows_the_traceback_with_the_same_exit_code(monkeypatch, capsys):
+    """A user error is one line and exit code 2; KVGPT_DEBUG=1 prints its traceback instead, still
+    exit code 2; an error that is not the user's (a bug) always raises, for Python to report."""
+    def fails():
+        raise errors.UserError("no such run: name one with --out_dir")
+    for debug, lines in (('0', 1), ('1', 4)):
+        monkeypatch.setenv('KVGPT_DEBUG', debug)
+        with pytest.raises(SystemExit) as stop:
+            errors.run_main(fails)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and len(err.splitlines()) >= lines
+        assert ('Traceback (most recent call last)' in err) == (debug == '1')
+        assert err.rstrip().endswith('no such run: name one with --out_dir')
+    with pytest.raises(ZeroDivisionError):
+        errors.run_main(lambda: 1 / 0)
+
+
 def test_the_readme_greedy_example_draws_one_sample():
     readme = open(os.path.join(HERE, 'README.md')).read()
     greedy = [line for line in readme.splitlines() if '--temperature=0' in line]
