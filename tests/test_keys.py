@@ -325,11 +325,15 @@ runpy.run_path({script!r}, run_name='__main__')
     ('import datasets; datasets.load_dataset = offline', 'prepare.py',
      ['--dataset=someone/corpus', '--tokenizer=byte', '--data_root={tmp}'],
      "error: cannot load 'someone/corpus' from the Hugging Face hub (OSError"),
+    ('', 'train.py', ['--init_from=gpt2', '--dataset=tiny', '--data_root={data}',
+                      '--out_dir={tmp}/out', '--device=cpu', '--compile=False'],
+     "error: cannot load GPT-2 weights 'gpt2' (OSError)"),
 ])
-def test_the_hubs_retries_offline_leave_one_line(patch, script, argv, message, tmp_path):
+def test_the_hubs_retries_offline_leave_one_line(patch, script, argv, message, tmp_path,
+                                                 data_root):
     pytest.importorskip('huggingface_hub', reason='the code path under test needs it')
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    argv = [script, *(a.format(tmp=tmp_path) for a in argv)]
+    argv = [script, *(a.format(tmp=tmp_path, data=data_root) for a in argv)]
     code = OFFLINE.format(root=root, patch=patch, argv=argv, script=os.path.join(root, script))
     env = {k: v for k, v in os.environ.items() if k != 'HF_HUB_VERBOSITY'}
     r = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, capture_output=True, text=True,
