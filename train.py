@@ -222,7 +222,7 @@ def build_model(c, meta, master):
         path = checkpoint_path(c)
         model, ckpt = model_from_checkpoint(path, verbose=master, resume=True)
         check_same_data(ckpt.get('meta'), meta, path, f"{c['data_root']}/{c['dataset']}")
-        if master:
+        if master and not c['eval_only']:
             check_schedule(ckpt.get('config'), c, ckpt['iter_num'], path)
         ours = model_settings(ckpt)
         changed = [k for k, v in ours.items() if c.get(k) is not None and c[k] != v]
@@ -301,8 +301,10 @@ def check_schedule(source, c, step, path):
     source = dict(DEFAULTS, **source)
     differ = next((it for it in range(step) if get_lr(it, source) != get_lr(it, c)), None)
     if differ is not None:
+        was, now = get_lr(differ, source), get_lr(differ, c)
+        digits = next(d for d in range(3, 18) if f'{was:.{d}g}' != f'{now:.{d}g}')
         print(f"note: {path} was trained with another learning rate at step {differ} "
-              f"({get_lr(differ, source):.3g} against {get_lr(differ, c):.3g} here): this "
+              f"({was:.{digits}g} against {now:.{digits}g} here): this "
               f"{'resumed run' if c['init_from'] == 'resume' else 'branch'} is not the run its "
               "settings would make from scratch")
 

@@ -796,6 +796,18 @@ def test_a_resume_that_stretches_the_cosine_says_so(data_root, tmp_path, capsys)
     assert ('was trained with another learning rate at step 3 (0.0055 against 0.0094 here): '
             'this resumed run is not the run its settings would make from scratch'
             in capsys.readouterr().out)
+    # an evaluation trains nothing, so it has no schedule to warn of
+    run(data_root, tmp_path / 'run', init_from='resume', max_iters=16, eval_only=True,
+        eval_interval=2, lr_decay_iters=None)
+    assert 'note:' not in capsys.readouterr().out
+
+
+def test_the_schedule_note_prints_the_learning_rates_as_far_as_they_differ(capsys):
+    """Stretched from 300 to 350 steps, the cosine's step 26 differs in the fifth digit."""
+    c = dict(train.DEFAULTS, learning_rate=2e-3, min_lr=2e-4, warmup_iters=25,
+             lr_decay_iters=None, init_from='resume')
+    train.check_schedule(dict(c, max_iters=300), dict(c, max_iters=350), 300, 'out/ckpt.pt')
+    assert 'at step 26 (0.0019999 against 0.002 here)' in capsys.readouterr().out
 
 
 @pytest.mark.parametrize('how', ['fewer tokens', 'the same size'])
