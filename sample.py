@@ -67,7 +67,7 @@ def load_model(c):
     if c['init_from'] in ('scratch', 'auto'):
         raise UserError(f"sample.py's init_from is resume (out_dir's checkpoint), a checkpoint "
                         f"file, gpt2..gpt2-xl or a local GPT-2 folder, got {c['init_from']!r}")
-    quiet_hub()
+    quiet_hub('transformers')  # its import resets the hub's logger
     with model_errors():
         return GPT.from_pretrained(c['init_from']), get_tokenizer('gpt2')
 

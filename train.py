@@ -230,7 +230,7 @@ def build_model(c, meta, master):
             print("resuming: the checkpoint's model settings win over "
                   + ', '.join(f'{k}={c[k]!r}' for k in changed))
     else:
-        quiet_hub()
+        quiet_hub('transformers')  # its import resets the hub's logger
         with model_errors():
             model = GPT.from_pretrained(c['init_from'], dropout=c['dropout'])
         ignored = pretrained_overrides(c, model)

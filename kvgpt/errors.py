@@ -27,16 +27,19 @@ def model_errors(source=None):
         raise UserError(f"{source}: {e}" if source else str(e)) from None
 
 
-def quiet_hub():
+def quiet_hub(*then):
     """Offline, huggingface_hub logs a warning line for each retry of a download before the
-    error that says it once. Its import sets its logger's level, so this imports it first;
-    HF_HUB_VERBOSITY, if set, still rules."""
+    error that says it once. Its import sets its logger's level, and so does the import of the
+    libraries that use it (transformers, datasets), so this imports it and those named in then
+    first; HF_HUB_VERBOSITY, if set, still rules."""
     if 'HF_HUB_VERBOSITY' in os.environ:
         return
-    try:
-        importlib.import_module('huggingface_hub')
-    except ImportError:
-        return
+    for name in ('huggingface_hub', *then):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # the caller says what is missing, when it needs it
+            if name == 'huggingface_hub':
+                return
     logging.getLogger('huggingface_hub').setLevel(logging.ERROR)
 
 

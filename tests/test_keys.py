@@ -303,18 +303,25 @@ def test_a_run_folder_or_checkpoint_given_as_a_config_file_says_how_to_name_it(s
 
 # a script run as a user runs it, with the hub's library made to fail as it does offline: it logs
 # a warning for each retry (to stderr, through its own handler) before the error. transformers is
-# a stand-in: the real one takes seconds to import, and only its call into the hub matters here
-OFFLINE = """import logging, runpy, sys, types
-sys.path.insert(0, {root!r})
+# a stand-in (the real one takes seconds to import) that does what matters here: its import sets
+# the hub's logger back to warnings, and its from_pretrained calls into the hub
+OFFLINE = """import logging, runpy, sys
+sys.path[:0] = [{root!r}, {stand_in!r}]
 import huggingface_hub
 def offline(*args, **kwargs):
     logging.getLogger('huggingface_hub.utils._http').warning('Retrying in 1s [Retry 1/5].')
     raise OSError('[Errno -2] Name or service not known')
-sys.modules['transformers'] = types.SimpleNamespace(
-    GPT2LMHeadModel=types.SimpleNamespace(from_pretrained=offline))
 {patch}
 sys.argv = {argv!r}
 runpy.run_path({script!r}, run_name='__main__')
+"""
+TRANSFORMERS = """import logging
+logging.getLogger('huggingface_hub').setLevel(logging.WARNING)
+class GPT2LMHeadModel:
+    @staticmethod
+    def from_pretrained(*args, **kwargs):
+        logging.getLogger('huggingface_hub.utils._http').warning('Retrying in 1s [Retry 1/5].')
+        raise OSError('[Errno -2] Name or service not known')
 """
 
 
@@ -334,7 +341,10 @@ def test_the_hubs_retries_offline_leave_one_line(patch, script, argv, message, t
     pytest.importorskip('huggingface_hub', reason='the code path under test needs it')
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     argv = [script, *(a.format(tmp=tmp_path, data=data_root) for a in argv)]
-    code = OFFLINE.format(root=root, patch=patch, argv=argv, script=os.path.join(root, script))
+    (tmp_path / 'stand_in').mkdir()
+    (tmp_path / 'stand_in' / 'transformers.py').write_text(TRANSFORMERS)
+    code = OFFLINE.format(root=root, stand_in=str(tmp_path / 'stand_in'), patch=patch, argv=argv,
+                          script=os.path.join(root, script))
     env = {k: v for k, v in os.environ.items() if k != 'HF_HUB_VERBOSITY'}
     r = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, capture_output=True, text=True,
                        env=env)
