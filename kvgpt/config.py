@@ -109,7 +109,7 @@ def parse_config(table, argv=None, show=False, usage='', arguments=CONFIG_ARGUME
         if arg.startswith('--'):
             made = dict([key_value(arg, table)])
         else:
-            made = run_config_file(arg, config, files)
+            made = run_config_file(arg, config, files, table)
             files.append(arg)
         for name, value in made.items():
             config[name] = check_value(name, value, table, arg)
@@ -143,20 +143,23 @@ def is_path_key(name):
     return name.endswith(('_dir', '_root', '_path', '_out')) or name == 'init_from'
 
 
-def run_config_file(path, config, applied=None):
+def run_config_file(path, config, applied=None, table=None):
     """The settings a config file assigns, after those of the files it includes. It runs with
     config in scope; applied: the files named before it, among which its stacked_on must be
-    (None checks nothing)."""
+    (None checks nothing); table: the script's keys, which say how it names a run."""
+    # a run's folder is --out_dir, or --in_dir in the tools that read one run and write another
+    run = 'in_dir' if table and 'in_dir' in table else 'out_dir'
     if os.path.isdir(path):  # a run folder, given as `python sample.py out-demo`
         raise UserError(f"'{path}' is a folder, not a config file: a run's folder is named "
-                        f"with --out_dir={path}")
+                        f"with --{run}={path}")
     if not os.path.isfile(path):
         raise UserError(f"config file '{path}' not found (arguments are config files and "
                         "--key=value)")
     if is_checkpoint(path):
+        as_file = f", or the file itself with --init_from={path}" if not table or \
+            'init_from' in table else ''
         raise UserError(f"'{path}' is a checkpoint, not a config file: name its run with "
-                        f"--out_dir={os.path.dirname(path) or '.'}, or the file itself with "
-                        f"--init_from={path}")
+                        f"--{run}={os.path.dirname(path) or '.'}{as_file}")
     # one namespace, as a module has: a comprehension or def in the file reads what the file set
     # before it, not the value the file replaced
     namespace = Assignments(config)
@@ -176,7 +179,7 @@ def run_config_file(path, config, applied=None):
                             f"`python train.py {base} {path}`")
     included = {}
     for base in named_files(path, made.pop('include', ())):
-        included.update(run_config_file(base, config, applied))
+        included.update(run_config_file(base, config, applied, table))
     return {**included, **made}
 
 

@@ -2,6 +2,7 @@
 line on stderr, exit code 2, no traceback, and nothing written; and a run that fails before it
 starts leaves its out_dir as it found it."""
 import glob
+import importlib
 import os
 import subprocess
 import sys
@@ -282,20 +283,26 @@ def test_a_file_that_includes_its_base_is_that_base_named_first():
         assert 'import' not in open(f).read(), f
 
 
-@pytest.mark.parametrize('script', [train, sample])
+@pytest.mark.parametrize('script', ['train', 'sample', 'tools.export', 'tools.convert'])
 def test_a_run_folder_or_checkpoint_given_as_a_config_file_says_how_to_name_it(script, tmp_path,
                                                                                command_line):
+    """In the key the script names a run with: the tools read one run (--in_dir) and write another
+    (--out_dir), and they take no --init_from."""
+    script = importlib.import_module(script)
+    key = 'in_dir' if 'in_dir' in script.KEYS else 'out_dir'
     run = tmp_path / 'out-demo'
     run.mkdir()
     torch.save({'iter_num': 1}, run / 'ckpt.pt')
     code, err = command_line(script, [str(run)])
     assert code == 2 and err.count('\n') == 1
     assert f"'{run}' is a folder, not a config file: a run's folder is named with " \
-           f"--out_dir={run}" in err
+           f"--{key}={run}\n" in err
     code, err = command_line(script, [str(run / 'ckpt.pt')])
     assert code == 2 and err.count('\n') == 1
-    assert f"is a checkpoint, not a config file: name its run with --out_dir={run}, or the " \
-           f"file itself with --init_from={run / 'ckpt.pt'}" in err
+    as_file = f", or the file itself with --init_from={run / 'ckpt.pt'}" \
+        if 'init_from' in script.KEYS else ''
+    assert err.endswith(f"is a checkpoint, not a config file: name its run with --{key}={run}"
+                        f"{as_file}\n")
     os.rename(run / 'ckpt.pt', run / 'saved')  # torch's zip format, whatever the name
     code, err = command_line(script, [str(run / 'saved')])
     assert code == 2 and 'is a checkpoint, not a config file' in err
