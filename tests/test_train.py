@@ -353,6 +353,13 @@ def test_a_branch_off_a_kept_checkpoint_equals_the_same_schedule_run_straight_th
     # a branch whose peak differs from its source's before the checkpoint says so
     run(data_root, tmp_path / 'other', max_iters=20, init_from=kept, learning_rate=5e-3, **wsd)
     assert 'was trained with another learning rate at step 0' in capsys.readouterr().out
+    # a branch that would start at or past its max_iters would train nothing: refused, out_dir
+    # left as it was (not made)
+    with pytest.raises(UserError, match=r'ckpt_20.pt is at iter 20, which a branch to '
+                       r'--max_iters=20 would not train past: choose an earlier checkpoint'):
+        run(data_root, tmp_path / 'none', max_iters=20,
+            init_from=str(tmp_path / 'stable' / 'ckpt_20.pt'), **wsd)
+    assert not (tmp_path / 'none').exists()
 
 
 def test_wsd_settings_are_checked_and_documented(capsys):
