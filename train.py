@@ -222,7 +222,8 @@ def build_model(c, meta, master):
         path = checkpoint_path(c)
         model, ckpt = model_from_checkpoint(path, verbose=master, resume=True)
         check_same_data(ckpt.get('meta'), meta, path, f"{c['data_root']}/{c['dataset']}")
-        if c['init_from'] != 'resume' and not c['eval_only'] and ckpt['iter_num'] >= c['max_iters']:
+        branch = c['init_from'] != 'resume' and not c['eval_only']
+        if branch and ckpt['iter_num'] >= c['max_iters']:
             raise UserError(f"{path} is at iter {ckpt['iter_num']}, which a branch to "
                             f"--max_iters={c['max_iters']} would not train past: choose an "
                             "earlier checkpoint or a larger --max_iters")
