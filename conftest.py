@@ -1,8 +1,10 @@
 """Test environment: offline, with the byte-exact GPT-2 BPE cache when one is laid beside the
 checkout."""
+import atexit
 import functools
 import json
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -13,6 +15,7 @@ if 'TIKTOKEN_CACHE_DIR' not in os.environ and os.path.isdir(_cache):
     os.environ['TIKTOKEN_CACHE_DIR'] = os.path.abspath(_cache)
 # Never touch the user's Hugging Face cache, and never wait on a hub that cannot be reached.
 os.environ['HF_HOME'] = tempfile.mkdtemp(prefix='kvgpt-hf-')
+atexit.register(shutil.rmtree, os.environ['HF_HOME'], ignore_errors=True)  # each process its own
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_DISABLE_PROGRESS_BARS', '1')
 if os.environ.get('PYTEST_XDIST_WORKER'):
