@@ -149,8 +149,16 @@ class WandbTracker:
             raise UserError("wandb_log=True needs wandb: `pip install wandb`, "
                             "or set --wandb_log=False") from None
         name = c['wandb_run_name'] or os.path.basename(os.path.normpath(c['out_dir']))
-        self.run = wandb.init(project=c['wandb_project'], name=name, config=c,
-                              id=run_id, resume='allow')  # id None: W&B makes one
+        try:
+            self.run = wandb.init(project=c['wandb_project'], name=name, config=c,
+                                  id=run_id, resume='allow')  # id None: W&B makes one
+        except Exception as e:  # W&B's own: no login, no network, a bad project
+            if not type(e).__module__.startswith('wandb'):
+                raise
+            why = (str(e).strip().splitlines() or [''])[0]
+            raise UserError(f"W&B could not start the run ({type(e).__name__}: {why}): log in "
+                            "with `wandb login`, or set WANDB_MODE=offline, or --wandb_log=False"
+                            ) from None
         self.run.define_metric('iter')
         self.run.define_metric('*', step_metric='iter')
         self.logged = self.run.summary.get('logged_through')  # restored by W&B on a resume

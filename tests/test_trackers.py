@@ -66,6 +66,24 @@ def test_a_resumed_run_continues_its_wandb_run_with_no_step_twice(data_root, tmp
     assert losses(rows) == losses(read_log(out))
 
 
+def test_wandb_that_cannot_start_a_run_is_one_line_and_leaves_no_run(data_root, tmp_path,
+                                                                    monkeypatch, command_line):
+    """Not logged in, W&B's init raises its own UsageError: one line that says what to do, and
+    the out_dir the run would have made is not left behind."""
+    UsageError = type('UsageError', (Exception,), {'__module__': 'wandb.errors.errors'})
+    fake = FakeWandb()
+
+    def init(**kwargs):
+        raise UsageError('No API key configured. Use `wandb login` to log in.')
+    fake.init = init
+    monkeypatch.setitem(sys.modules, 'wandb', fake)
+    code, err = command_line(train, argv(data_root, tmp_path / 'out', wandb_log=True))
+    assert code == 2 and err == (
+        "error: W&B could not start the run (UsageError: No API key configured. Use `wandb login` "
+        "to log in.): log in with `wandb login`, or set WANDB_MODE=offline, or --wandb_log=False\n")
+    assert not (tmp_path / 'out').exists()
+
+
 def test_wandb_offline_resumes_into_the_same_run_id(data_root, tmp_path, monkeypatch):
     pytest.importorskip('wandb', reason='wandb is in requirements-test.txt')
     for key, value in dict(WANDB_MODE='offline', WANDB_DIR=str(tmp_path), WANDB_SILENT='true',
