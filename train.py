@@ -714,7 +714,7 @@ def setup(c, process, signals):
     if process.master:  # eval_only writes no config.json or log.jsonl: the training run's
         run.record = Record(c['out_dir'], None if c['eval_only'] else config, state.iter_num,
                             open_trackers(c, state.iter_num, ckpt and ckpt.get('wandb_run_id')),
-                            stale=replaced_checkpoints(c))
+                            stale=replaced_files(c))
         run.probe = c['probe'] and load_probe(c, data, dev)
         print(f"tokens per iteration: {tokens_per_iter(c):,} ({c['gradient_accumulation_steps']}"
               f" x {c['batch_size']} x {c['block_size']}, {process.world} process(es)); starting "
@@ -722,14 +722,16 @@ def setup(c, process, signals):
     return run
 
 
-def replaced_checkpoints(c):
-    """A fresh start over a run (--overwrite=True): the kept checkpoints the old run left, but
-    the one this run starts from."""
+def replaced_files(c):
+    """A fresh start over a run (--overwrite=True): what the old run left besides its record, the
+    kept checkpoints (but the one this run starts from) and the evaluations of its checkpoint."""
     if c['init_from'] == 'resume' or c['eval_only']:
         return []
     kept = glob.glob(os.path.join(glob.escape(c['out_dir']), 'ckpt_*.pt'))
+    evaluations = [os.path.join(c['out_dir'], f) for f in ('eval.jsonl', 'hellaswag.json')]
     return [os.path.abspath(p) for p in kept if not os.path.exists(c['init_from'])
-            or not os.path.samefile(p, c['init_from'])]
+            or not os.path.samefile(p, c['init_from'])] + [p for p in evaluations
+                                                           if os.path.exists(p)]
 
 
 def train(c):

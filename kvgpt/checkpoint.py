@@ -109,8 +109,8 @@ def resolve_init(c, master):
         except (UserError, KeyError):
             step = " (unreadable)"
         raise UserError(f"{c['out_dir']} already holds a checkpoint{step}: --init_from=resume "
-                        "continues it, --overwrite=True starts over (its log and checkpoints are "
-                        "replaced)")
+                        "continues it, --overwrite=True starts over (its log, checkpoints and "
+                        "evaluations are replaced)")
     return c['init_from']
 
 

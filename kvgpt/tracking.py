@@ -36,8 +36,9 @@ class Record:
     first checkpoint: only then does it write config.json and the log, cut back to where it
     started (the lines it writes again), so a resume that fails before then leaves both files
     byte-identical. eval_only (config None) touches neither: its evaluation goes to
-    eval.jsonl. stale: the kept checkpoints (ckpt_<step>.pt) of the run a fresh start replaces
-    (--overwrite=True); those this run has not written again go when the record becomes its."""
+    eval.jsonl. stale: what the run a fresh start replaces (--overwrite=True) left beside its
+    record, its kept checkpoints (ckpt_<step>.pt) and evaluations (eval.jsonl, hellaswag.json);
+    those this run has not written again go when the record becomes its."""
 
     def __init__(self, out_dir, config, resume_iter, trackers=(), stale=()):
         self.path, self.config, self.resume_iter = os.path.join(out_dir, 'log.jsonl'), config, \

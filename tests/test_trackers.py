@@ -80,7 +80,8 @@ def test_wandb_that_cannot_start_a_run_is_one_line_and_leaves_no_run(data_root, 
     code, err = command_line(train, argv(data_root, tmp_path / 'out', wandb_log=True))
     assert code == 2 and err == (
         "error: W&B could not start the run (UsageError: No API key configured. Use `wandb login` "
-        "to log in.): log in with `wandb login`, or set WANDB_MODE=offline, or --wandb_log=False\n")
+        "to log in.): log in with `wandb login`, or set WANDB_MODE=offline, or "
+        "--wandb_log=False\n")
     assert not (tmp_path / 'out').exists()
 
 

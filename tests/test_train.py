@@ -725,8 +725,8 @@ def test_repeating_a_command_is_refused_and_touches_nothing(data_root, tmp_path)
     with pytest.raises(UserError) as e:
         run(data_root, tmp_path, max_iters=4, eval_interval=2)
     assert str(e.value) == (f"{tmp_path} already holds a checkpoint at iter 4: --init_from=resume "
-                            "continues it, --overwrite=True starts over (its log and checkpoints "
-                            "are replaced)")
+                            "continues it, --overwrite=True starts over (its log, checkpoints "
+                            "and evaluations are replaced)")
     assert run_files(tmp_path) == before
 
 
@@ -754,16 +754,21 @@ def test_overwrite_starts_over(data_root, tmp_path):
 
 
 def test_overwrite_leaves_no_kept_checkpoint_of_the_run_it_replaces(data_root, tmp_path):
-    """A branch started off a kept checkpoint would otherwise start from the old run."""
+    """A branch started off a kept checkpoint would otherwise start from the old run, and its
+    evaluation (eval.jsonl, hellaswag.json) would sit beside the new run's record."""
     out = tmp_path / 'a'
     run(data_root, out, max_iters=6, eval_interval=3, keep_checkpoints=(2, 4, 5))
     assert sorted(os.listdir(out)).count('ckpt_5.pt') == 1
+    run(data_root, out, init_from='resume', eval_only=True)
+    (out / 'hellaswag.json').write_text('{"acc": 0.25}')
     # a fresh start that fails before its first checkpoint leaves the old run whole
     with pytest.raises(UserError):
         train.main(argv(data_root, out, max_iters=3, overwrite=True, dataset='no_such_data'))
-    assert {'ckpt_2.pt', 'ckpt_4.pt', 'ckpt_5.pt'} <= set(os.listdir(out))
+    assert {'ckpt_2.pt', 'ckpt_4.pt', 'ckpt_5.pt', 'eval.jsonl', 'hellaswag.json'} <= set(
+        os.listdir(out))
     run(data_root, out, max_iters=3, eval_interval=3, keep_checkpoints=(2,), overwrite=True)
     assert sorted(f for f in os.listdir(out) if f.startswith('ckpt')) == ['ckpt.pt', 'ckpt_2.pt']
+    assert not {'eval.jsonl', 'hellaswag.json'} & set(os.listdir(out))
     assert torch.load(out / 'ckpt_2.pt', weights_only=False)['config']['max_iters'] == 3
     # a branch that starts over its own source's folder keeps the checkpoint it started from
     run(data_root, out, max_iters=6, eval_interval=3, keep_checkpoints=(2, 4), overwrite=True)
