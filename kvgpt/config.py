@@ -180,6 +180,8 @@ def run_config_file(path, config, applied=None, table=None):
     included = {}
     for base in named_files(path, made.pop('include', ())):
         included.update(run_config_file(base, config, applied, table))
+        if applied is not None:  # an include is its base named first, for a later stacked_on too
+            applied.append(base)
     return {**included, **made}
 
 

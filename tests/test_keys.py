@@ -279,6 +279,9 @@ def test_a_file_that_includes_its_base_is_that_base_named_first():
     alone = train.settings(['config/demo.py'])
     stacked = train.settings(['config/small.py', 'config/demo.py'])
     assert alone == stacked and alone['dataset'] == 'pydocs' and alone['query'] == 'identity'
+    # so a file stacked on that base may follow it, as it may follow the base itself
+    assert train.settings(['config/demo.py', 'config/repro.py']) == train.settings(
+        ['config/small.py', 'config/demo.py', 'config/repro.py'])
     for f in glob.glob(os.path.join(HERE, 'config', '*.py')):  # none stacks by a Python import
         assert 'import' not in open(f).read(), f
 
