@@ -19,7 +19,6 @@ renames only (the old meta.json goes first, the new one last), so a full disk, o
 tokenizing, leaves the old dataset whole, and a failed rename leaves no bins.
 """
 import ast
-import difflib
 import errno
 import functools
 import glob
@@ -31,7 +30,7 @@ import sysconfig
 
 import numpy as np
 
-from kvgpt.config import Kind, defaults, keys, parse_config
+from kvgpt.config import Kind, closest, defaults, keys, parse_config
 from kvgpt.data import EMBEDDED_CORPORA, SPLITS, bins_match_meta, file_digest, write_dataset
 from kvgpt.errors import UserError, fs_error, quiet_hub, run_main
 from kvgpt.files import read_json, write_json
@@ -359,10 +358,10 @@ def resolve(c):
     if is_local(name) and name not in EMBEDDED and not holds_bins(name):
         local_files(name)  # a missing file is said before the tokenizer is loaded (offline)
     if not is_local(name) and '/' not in name and name not in (*EMBEDDED, 'openwebtext'):
-        close = difflib.get_close_matches(name, (*EMBEDDED, 'openwebtext'), n=1, cutoff=0.8)
+        close = closest(name, (*EMBEDDED, 'openwebtext'), cutoff=0.8)
         if close:  # a misspelt corpus would go to the hub, and fail there offline, slowly
             raise UserError(f"no file, folder or corpus named '{name}': did you mean "
-                            f"--dataset={close[0]}? (a hub dataset is named owner/name)")
+                            f"--dataset={close}? (a hub dataset is named owner/name)")
     if c['streaming'] and is_local(name) and name.endswith('.txt') and os.path.isfile(name):
         raise UserError(f"{name} is one document, split by position: prepare it without "
                         "--streaming")

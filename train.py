@@ -727,11 +727,11 @@ def replaced_files(c):
     kept checkpoints (but the one this run starts from) and the evaluations of its checkpoint."""
     if c['init_from'] == 'resume' or c['eval_only']:
         return []
-    kept = glob.glob(os.path.join(glob.escape(c['out_dir']), 'ckpt_*.pt'))
+    start = c['init_from'] if os.path.exists(c['init_from']) else None
+    kept = [p for p in glob.glob(os.path.join(glob.escape(c['out_dir']), 'ckpt_*.pt'))
+            if not (start and os.path.samefile(p, start))]
     evaluations = [os.path.join(c['out_dir'], f) for f in ('eval.jsonl', 'hellaswag.json')]
-    return [os.path.abspath(p) for p in kept if not os.path.exists(c['init_from'])
-            or not os.path.samefile(p, c['init_from'])] + [p for p in evaluations
-                                                           if os.path.exists(p)]
+    return [os.path.abspath(p) for p in kept + evaluations if os.path.exists(p)]
 
 
 def train(c):

@@ -58,9 +58,15 @@ def kind_of(key):
     return kind if kind.optional is not None else kind._replace(optional=key.default is None)
 
 
+def closest(word, words, cutoff=0.6):
+    """The one of words most like word, if any is alike enough (difflib's ratio, 0 to 1)."""
+    close = difflib.get_close_matches(word, words, n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def did_you_mean(word, words):
-    close = difflib.get_close_matches(word, words, n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    close = closest(word, words)
+    return f" (did you mean '{close}'?)" if close else ""
 
 
 BOOL_WORDS = {'true': True, 'false': False}  # --compile=false means False, as --compile=False

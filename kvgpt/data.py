@@ -5,7 +5,6 @@ written last; the Dataset that train.py draws its windows from (the windows of s
 before anything trusts it. prepare.py makes the bins from a corpus; nothing here tokenizes.
 """
 
-import difflib
 import glob
 import hashlib
 import os
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 
+from kvgpt.config import closest
 from kvgpt.errors import UserError, fs_error
 from kvgpt.files import read_json, write_json
 from kvgpt.tokenizer import TOKENIZERS
@@ -253,9 +253,9 @@ def missing_dataset(data_root, name):
     if not prepared or prepared == name:
         made = glob.glob(os.path.join(glob.escape(data_root), '*', 'meta.json'))
         names = {*EMBEDDED_CORPORA, *(os.path.basename(os.path.dirname(m)) for m in made)}
-        close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.8)
+        close = closest(name, sorted(names), cutoff=0.8)
         if close:
-            return (f"no prepared dataset at {data_dir}: did you mean --dataset={close[0]}? "
+            return (f"no prepared dataset at {data_dir}: did you mean --dataset={close}? "
                     f"(or run `python prepare.py --dataset={name}{root}` first)")
         return (f"no prepared dataset at {data_dir}: run "
                 f"`python prepare.py --dataset={name}{root}` first")
