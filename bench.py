@@ -4,6 +4,7 @@ Measure training speed, side by side, in one process:
     python bench.py                      # train steps: baseline vs reduced vs reduced_mlp
     python bench.py --n_layer=4 --n_embd=256 --block_size=256 --batch_size=8
     python bench.py --variants=baseline,reduced,baseline+modern,reduced+modern  # '+' stacks
+    python bench.py --variants=baseline,reduced --optimizers=adamw,muon  # each under each
 
 The variants' steps alternate, so drift of a shared machine hits all of them alike, and the
 medians are reported. On a GPU, MFU is against the device's bf16 peak; on a CPU, achieved FLOP/s
@@ -23,10 +24,13 @@ from kvgpt.config import (Kind, config_file, defaults, keys, parse_config, run_c
 from kvgpt.data import open_dataset
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import UserError, run_main
+from kvgpt.optimizer import OPTIMIZERS, build_optimizer
 from model import GPT, GPTConfig
+from train import DEFAULTS as TRAIN_DEFAULTS
 
 KEYS = keys(
     variants=('baseline,reduced,reduced_mlp', "config/<name>.py files, compared side by side"),
+    optimizers=('adamw', "train.py's optimizer settings, each variant timed under each"),
     n_layer=(12, "the geometry every variant is measured at (GPT-2 small's by default)"),
     n_head=(12, "attention heads"),
     n_embd=(768, "width; a variant file's settings are evaluated against it"),
@@ -95,13 +99,18 @@ def batches(c, device):
 def bench_train(c, dev):
     """Train steps of every variant, alternated step by step, then the medians."""
     x, y = batches(c, dev.device)
-    runs = []
+    runs, optimizers = [], c['optimizers'].split(',')
+    for optimizer in optimizers:
+        if optimizer not in OPTIMIZERS:
+            raise UserError(f"optimizers: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     for name in c['variants'].split(','):
-        torch.manual_seed(c['seed'])
-        model = GPT(variant_config(name, c), verbose=False).to(dev.device)
-        opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), dev.type)
-        runs.append(dict(name=name, model=model, opt=opt, times=[], peak=0,
-                         fn=torch.compile(model) if dev.compile else model))
+        for optimizer in optimizers:  # train.py's defaults: its optimizer as a run builds it
+            torch.manual_seed(c['seed'])
+            model = GPT(variant_config(name, c), verbose=False).to(dev.device)
+            opt = build_optimizer(model, dict(TRAIN_DEFAULTS, optimizer=optimizer), dev.type)
+            label = name if optimizers == ['adamw'] else f"{name} {optimizer}"
+            runs.append(dict(name=label, model=model, opt=opt, times=[], peak=0,
+                             fn=torch.compile(model) if dev.compile else model))
     for r in runs:
         for _ in range(c['warmup']):
             train_step(r, x, y, dev)

@@ -43,6 +43,7 @@ from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import UserError, fs_error, model_errors, quiet_hub, run_main
 from kvgpt.files import atomic_write
+from kvgpt.optimizer import MUON_SCALES, OPTIMIZERS, build_optimizer
 from kvgpt.signals import Interrupted, Signals
 from kvgpt.tracking import Record, open_trackers, wandb_run_id
 from model import GPT, QUERY_MODES, GPTConfig, upgrade_query
@@ -55,8 +56,9 @@ KEYS = {**keys(
     out_dir=('out', "checkpoints, log.jsonl and config.json of the run"),
     init_from=('scratch', "scratch, resume, auto (resume if a checkpoint), gpt2..gpt2-xl, a GPT-2 "
                "folder, or a run's ckpt_<step>.pt file: a branch that continues it here"),
-    finetune=(False, "True: only init_from's weights (a checkpoint file): step 0, a fresh AdamW, "
-              "this run's schedule and dropout, any data in its tokenizer (as gpt2* always does)"),
+    finetune=(False, "True: only init_from's weights (a checkpoint file): step 0, a fresh "
+              "optimizer, this run's schedule and dropout, any data in its tokenizer (as gpt2* "
+              "always does)"),
     overwrite=(False, "True: a fresh start (scratch, GPT-2, a branch) may replace out_dir's run"),
     eval_interval=(1000, "steps between evaluations (and checkpoints)"),
     eval_iters=(200, "batches per split in each evaluation"),
@@ -88,12 +90,22 @@ KEYS = {**keys(
     query=(None, "None: the model's default, 'linear'", Kind(str, QUERY_MODES)),
     query_identity=(False, "the old spelling of query='identity': read, then folded into query"),
 ), **keys(
-    'optimiser',  # AdamW
-    learning_rate=(6e-4, "the peak learning rate"),
-    weight_decay=(0.1, "decoupled, on matrices and embeddings (none on norms and biases)"),
+    'optimiser',  # built by kvgpt/optimizer.py's build_optimizer
+    optimizer=('adamw', "adamw; or muon: Muon on the blocks' matrices (W_Q, W_K, W_V, W_O, the "
+               "MLP's: each on its own), AdamW on embeddings, head, norms, biases",
+               Kind(str, OPTIMIZERS)),
+    learning_rate=(6e-4, "the peak learning rate (AdamW's; Muon's too unless muon_lr)"),
+    weight_decay=(0.1, "decoupled (each step: x (1 - lr x this)), on matrices and embeddings "
+                  "(none on norms and biases); under Muon too"),
     beta1=(0.9, "AdamW's first-moment decay"),
     beta2=(0.95, "AdamW's second-moment decay"),
     grad_clip=(1.0, "clip the global gradient norm to this; 0 disables"),
+    muon_lr=(None, "Muon's peak LR, on learning_rate's schedule; None: learning_rate (one LR "
+             "for both, as muon_scale=match_rms_adamw means)", Kind(float, optional=True)),
+    muon_scale=('match_rms_adamw', "Muon's LR per matrix: match_rms_adamw (x 0.2 sqrt(max "
+                "side): AdamW's LR and decay carry over) or original (x sqrt(max(1, rows/cols)):"
+                " Jordan's, muon_lr ~0.02)", Kind(str, MUON_SCALES)),
+    muon_momentum=(0.95, "Muon's momentum (Nesterov)"),
 ), **keys(
     'schedule',
     max_iters=(105002, "steps to train: the run stops when iter_num reaches it (the authors')"),
@@ -142,7 +154,10 @@ def settings(argv=None):
     for key in ('learning_rate', 'min_lr', 'weight_decay', 'data_seed'):
         if c[key] < 0:  # AdamW and numpy's generator refuse them with a traceback
             raise UserError(f"{key} must not be negative, got {c[key]}")
-    for key in ('beta1', 'beta2'):
+    if c['muon_lr'] is not None and not (c['muon_lr'] > 0 and c['learning_rate'] > 0):
+        raise UserError(f"muon_lr and learning_rate must be positive (Muon's LR follows "
+                        f"learning_rate's schedule), got {c['muon_lr']} and {c['learning_rate']}")
+    for key in ('beta1', 'beta2', 'muon_momentum'):
         if not 0 <= c[key] < 1:
             raise UserError(f"{key} must be at least 0 and below 1, got {c[key]}")
     if not 0 <= c['cooldown_frac'] <= 1:
@@ -247,8 +262,8 @@ def build_model(c, meta, master):
 
 
 def finetuned_model(c, meta, master):
-    """A fine-tune's model: init_from's weights with this run's dropout. The step, AdamW and RNG
-    start afresh, so the data may differ from the checkpoint's, but not its tokenizer: the ids
+    """A fine-tune's model: init_from's weights with this run's dropout. The step, optimizer and
+    RNG start afresh, so the data may differ from the checkpoint's, but not its tokenizer: the ids
     must mean the tokens the model learned."""
     path = c['init_from']
     model, ckpt = model_from_checkpoint(path, verbose=master, dropout=c['dropout'])
@@ -260,7 +275,7 @@ def finetuned_model(c, meta, master):
     if master:
         ignored = pretrained_overrides(c, model)
         print(f"fine-tuning {path} (trained to iter {ckpt.get('iter_num', '?')}) from iter 0 with "
-              "a fresh AdamW" + ("; its weights set the model, not "
+              f"a fresh {c['optimizer']}" + ("; its weights set the model, not "
                                  + ', '.join(f'{k}={c[k]!r}' for k in ignored) if ignored else ""))
     return model
 
@@ -666,13 +681,13 @@ def drop_best(c):
 
 
 def restore(run, ckpt):
-    """AdamW's state and the loop's (the model is built from the checkpoint before)."""
+    """The optimizer's state and the loop's (the model is built from the checkpoint before)."""
     if 'optimizer' in ckpt:
-        load_optimizer_state(run.optimizer, run.model, ckpt['optimizer'],
-                             checkpoint_path(run.settings))
+        load_optimizer_state(run.optimizer, run.model, ckpt, checkpoint_path(run.settings),
+                             run.settings['optimizer'])
     elif run.process.master:
         print("the checkpoint has no optimizer state (a converted model?): fine-tuning with a "
-              "fresh AdamW")
+              f"fresh {run.settings['optimizer']}")
     run.state.load_state_dict(ckpt)
     if ckpt.get('tokens_seen') is None:  # nanoGPT's checkpoints: a constant step size
         run.state.tokens_seen = run.state.iter_num * tokens_per_iter(run.settings)
@@ -700,8 +715,7 @@ def setup(c, process, signals):
     model.to(dev.device)
     state = LoopState(torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16'),
                       distributed.RankRNG(process))
-    optimizer = model.configure_optimizers(c['weight_decay'], c['learning_rate'],
-                                           (c['beta1'], c['beta2']), dev.type)
+    optimizer = build_optimizer(model, c, dev.type)
     step_model = torch.compile(model) if dev.compile else model
     if process.ddp:
         ids = [torch.device(dev.device).index] if dev.type == 'cuda' else None

@@ -73,10 +73,17 @@ def model_from_checkpoint(path, verbose=True, resume=False, dropout=None):
         return GPT.from_checkpoint(ckpt, verbose=verbose), ckpt
 
 
-def load_optimizer_state(optimizer, model, state, path):
-    """Load a checkpoint's AdamW state into optimizer, once it is checked to fit model: a state
-    of another model would fail at the first step, deep in torch; here it is one line naming the
-    parameter."""
+def load_optimizer_state(optimizer, model, ckpt, path, name):
+    """Load a checkpoint's optimizer state into optimizer (the settings' optimizer `name`), once
+    it is checked to be that optimizer's (the checkpoint's config records it; one from before the
+    key was AdamW's) and to fit model: a state of another model would fail at the first step, deep
+    in torch; here it is one line naming the parameter."""
+    trained = (ckpt.get('config') or {}).get('optimizer', 'adamw')
+    if trained != name:
+        raise UserError(f"{path} was trained with optimizer={trained!r}, not {name!r}: continue "
+                        f"it with --optimizer={trained}, or start a run from its weights alone "
+                        f"(--init_from={path} --finetune=True)")
+    state = ckpt['optimizer']
     check_optimizer_fits(optimizer, model, state, path)
     try:
         optimizer.load_state_dict(state)
@@ -263,16 +270,26 @@ OPTIMIZER_ADVICE = ("the checkpoint is damaged or its optimizer is another model
 
 
 def check_optimizer_fits(optimizer, model, state, path):
-    """An AdamW state of as many tensors as optimizer's, each of its parameter's shape."""
+    """An optimizer state of as many tensors as optimizer's, each of its parameter's shape."""
     names = {id(p): n for n, p in model.named_parameters()}
     params = [p for group in optimizer.param_groups for p in group['params']]
-    saved = [i for group in state.get('param_groups', []) for i in group['params']]
+    saved = saved_tensors(state)
     if len(saved) != len(params):
         raise UserError(f"{path}: its optimizer state holds {len(saved)} tensors for a model of "
                         f"{len(params)}: {OPTIMIZER_ADVICE}")
-    for i, p in zip(saved, params):
-        for key, value in state.get('state', {}).get(i, {}).items():
+    for entry, p in zip(saved, params):
+        for key, value in entry.items():
             if torch.is_tensor(value) and value.dim() > 0 and value.shape != p.shape:
                 raise UserError(f"{path}: its optimizer state does not fit its model ({key} of "
                                 f"{names.get(id(p), 'a parameter')} is {tuple(value.shape)}, the "
                                 f"parameter {tuple(p.shape)}): {OPTIMIZER_ADVICE}")
+
+
+def saved_tensors(state):
+    """Each parameter's saved state, in the order of the optimizer's param groups: a torch
+    optimizer's state dict, or one per part (kvgpt.optimizer.Optimizers: {name: state dict})."""
+    parts = [state] if 'param_groups' in state else list(state.values())
+    if not all(isinstance(part, dict) for part in parts):
+        return []
+    return [part.get('state', {}).get(i, {}) for part in parts
+            for group in part.get('param_groups', []) for i in group['params']]

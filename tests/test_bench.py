@@ -33,6 +33,17 @@ def test_bench_train_reports_every_variant(capsys):
     assert [l['variant'] for l in lines] == ['baseline', 'reduced', 'reduced_mlp', 'key_identity']
 
 
+def test_bench_times_each_variant_under_each_optimizer():
+    results = bench.main(TINY + ['--steps=2', '--warmup=1', '--variants=baseline,reduced',
+                                 '--optimizers=adamw,muon'])
+    assert [r['variant'] for r in results] == ['baseline adamw', 'baseline muon',
+                                               'reduced adamw', 'reduced muon']
+    # AdamW keeps two moments a weight, Muon one for the blocks' matrices: less state
+    assert results[1]['state_mb'] < results[0]['state_mb']
+    with pytest.raises(UserError, match="optimizers: 'sgd' is not one of adamw, muon"):
+        bench.main(TINY + ['--optimizers=adamw,sgd'])
+
+
 def test_bench_sample_compares_cache_with_recomputation(capsys):
     r = costs.main(TINY + ['--mode=sample', '--variants=reduced', '--max_new_tokens=30',
                                '--prompt_tokens=4'])

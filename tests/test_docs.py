@@ -111,7 +111,7 @@ def import_graph():
 
 CORE = ('model', 'train', 'prepare', 'sample', 'bench', 'evals.hellaswag', 'kvgpt.errors',
         'kvgpt.config', 'kvgpt.device', 'kvgpt.files', 'kvgpt.checkpoint', 'kvgpt.distributed',
-        'kvgpt.tracking', 'kvgpt.tokenizer', 'kvgpt.data')
+        'kvgpt.tracking', 'kvgpt.tokenizer', 'kvgpt.data', 'kvgpt.optimizer')
 
 
 def test_the_readme_stays_short():
@@ -126,7 +126,7 @@ def test_the_root_holds_the_cards_scripts_and_the_shared_modules_sit_in_kvgpt():
     # every shared module is named for what it holds, one hop from the scripts
     assert sorted(f for f in os.listdir(os.path.join(HERE, 'kvgpt')) if f.endswith('.py')) == [
         '__init__.py', 'checkpoint.py', 'config.py', 'data.py', 'device.py', 'distributed.py',
-        'errors.py', 'files.py', 'signals.py', 'tokenizer.py', 'tracking.py']
+        'errors.py', 'files.py', 'optimizer.py', 'signals.py', 'tokenizer.py', 'tracking.py']
 
 
 def test_each_job_lives_in_the_module_named_for_it_and_train_py_does_none_of_them_itself():

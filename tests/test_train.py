@@ -873,7 +873,7 @@ def test_finetune_takes_only_the_weights_onto_other_data(data_root, tmp_path, ca
     # learning rate 0: AdamW moves nothing, so the weights that come out are the ones that went in
     log = run(other, tmp_path / 'ft', dataset='other', init_from=pre, finetune=True, max_iters=4,
               eval_interval=2, dropout=0.0, n_layer=3, learning_rate=0.0, min_lr=0.0)
-    assert f"fine-tuning {pre} (trained to iter 6) from iter 0 with a fresh AdamW; its weights " \
+    assert f"fine-tuning {pre} (trained to iter 6) from iter 0 with a fresh adamw; its weights " \
            "set the model, not n_layer=3\n" in capsys.readouterr().out
     assert [e['iter'] for e in log if 'val_loss' in e] == [0, 2, 4]
     ft = load_checkpoint(str(tmp_path / 'ft' / 'ckpt.pt'))
