@@ -472,8 +472,10 @@ def decisions_table(ctx, comparisons, family, margin, beside=(), one_level=False
     one declared so far has all its seeds (those not declared yet count as p = 1: the adjusted p
     values are upper bounds, so a verdict reached stands), each with the smallest margins its
     data support. `beside`: pairs given with their own unadjusted tests, outside the family.
-    one_level: every interval and margin at Bonferroni's 0.05/family (stats.compare)."""
-    gaps = decision_gaps(ctx, comparisons)
+    one_level: every interval and margin at Bonferroni's 0.05/family (stats.compare). A
+    contrast in the family may combine a pair of `beside` (v8's b: a family pair minus one
+    outside it)."""
+    gaps = decision_gaps(ctx, [*beside, *comparisons])
     ready = all(len(gaps[c['label']]) >= len(c['seeds']) for c in comparisons)
     waiting = ', '.join(f"{c['label']} {len(gaps[c['label']])} of {len(c['seeds'])}"
                         for c in comparisons if len(gaps[c['label']]) < len(c['seeds']))
