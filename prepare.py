@@ -10,13 +10,14 @@ meta.json (tokenizer, vocab, dtype, counts, source), the format kvgpt/data.py re
     python prepare.py --dataset=some_user/some_hub_dataset --tokenizer=gpt2
 
 Every source goes through the same `datasets` pipeline: load -> split -> tokenize
-(num_proc workers) -> write shard by shard into a memmap under a temporary name -> meta.json
-under a temporary name -> renames. With --streaming=True the documents are read once, in order:
-the first val_documents go to val.bin, the rest to train.bin, tokenized in batches by a pool
-of num_proc workers and appended to the temporary files as they come. meta.json is the mark
-of a finished run: everything is written before the old dataset is touched, and the swap is
-renames only (the old meta.json goes first, the new one last), so a full disk, or Ctrl-C while
-tokenizing, leaves the old dataset whole, and a failed rename leaves no bins.
+(num_proc workers) -> write shard by shard into a memmap -> meta.json, all in a folder of their
+own beside the destination (.<name>.new), which then takes the destination's place in one step.
+With --streaming=True the documents are read once, in order: the first val_documents go to
+val.bin, the rest to train.bin, tokenized in batches by a pool of num_proc workers and appended
+as they come. A reader of the destination sees the old dataset or the new one, whole, whatever
+stops prepare (a full disk, Ctrl-C, a kill) and when; what a killed prepare left is removed by
+the next. One prepare holds a destination at a time, and a dataset made from another source or
+with other settings is replaced only with --force=True.
 """
 import ast
 import errno
@@ -31,7 +32,8 @@ import sysconfig
 import numpy as np
 
 from kvgpt.config import Kind, closest, defaults, keys, parse_config
-from kvgpt.data import EMBEDDED_CORPORA, SPLITS, bins_match_meta, file_digest, write_dataset
+from kvgpt.data import (EMBEDDED_CORPORA, SPLITS, bins_match_meta, check_replaceable,
+                        file_digest, meta_problem, preparing, write_dataset)
 from kvgpt.errors import UserError, fs_error, quiet_hub, run_main
 from kvgpt.files import read_json, write_json
 from kvgpt.tokenizer import TOKENIZERS, get_tokenizer
@@ -435,22 +437,35 @@ def split_by_position(ds, c):
 def prepare(c):
     asked, c = c, resolve(c)
     if holds_bins(c['dataset']):
-        return describe_bins(c, asked)
+        with preparing(c['dataset']):
+            return describe_bins(c, asked)
     out_dir = os.path.join(c['data_root'], c['out_name'])
     check_outside_source(c, out_dir)
     check_destination(out_dir)
-    tok = get_tokenizer(c['tokenizer'])  # offline, the GPT-2 BPE may be missing: after the above
-    dtype = pick_dtype(c['dtype'], tok.vocab_size)
-    meta_path = os.path.join(out_dir, 'meta.json')
+    with preparing(out_dir):
+        return prepare_into(out_dir, c)
+
+
+def prepare_into(out_dir, c):
+    """The dataset of c written to out_dir, which this process holds."""
+    check_replaceable(out_dir)
     settings = {k: c[k] for k in ('dataset', 'hub_id', 'text_column', 'tokenizer', 'val_size',
                                   'seed', 'dtype')}
     settings.update({k: c[k] for k in ('hub_config', 'val_documents') if c[k] is not None})
-    if os.path.exists(meta_path) and not c['force']:
-        meta = read_json(meta_path, 'meta.json')
-        if bins_match_meta(out_dir, meta) is None and meta.get('settings') == settings:
+    meta_path = os.path.join(out_dir, 'meta.json')
+    meta = read_json(meta_path, 'meta.json') if os.path.exists(meta_path) else None
+    if meta and not c['force'] and not meta_problem(meta):  # a damaged one is made again
+        made = meta.get('settings', {'dataset': meta.get('source')})  # older ones: the source
+        if made == settings and bins_match_meta(out_dir, meta) is None:
             print(f"{out_dir} is up to date ({meta['train_tokens']:,} train tokens); "
                   "--force=True to redo it")
             return meta
+        differ = [f"{k}={made[k]!r}" for k in settings if k in made and made[k] != settings[k]]
+        if differ:  # another dataset: a run trained on it could no longer resume
+            raise UserError(f"{out_dir} holds another dataset (made with {', '.join(differ)}): "
+                            "--force=True replaces it, or choose another --out_name")
+    tok = get_tokenizer(c['tokenizer'])  # offline, the GPT-2 BPE may be missing: after the above
+    dtype = pick_dtype(c['dtype'], tok.vocab_size)
 
     if not c['progress']:
         import_datasets().disable_progress_bars()

@@ -8,17 +8,19 @@ before anything trusts it. prepare.py makes the bins from a corpus; nothing here
 import glob
 import hashlib
 import os
+import shutil
+import socket
 import subprocess
 import sys
 from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import torch
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from kvgpt.config import closest
 from kvgpt.errors import UserError, fs_error
-from kvgpt.files import read_json, write_json
+from kvgpt.files import read_json, replace_folder, write_json
 from kvgpt.tokenizer import TOKENIZERS
 
 
@@ -86,7 +88,9 @@ def identity(file):
         info = os.fstat(file.fileno()) if hasattr(file, 'fileno') else os.stat(file)
     except FileNotFoundError:
         return None
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+    # the change time too: a copy that keeps the modification time (cp -p, rsync -a --inplace)
+    # sets it back, but nothing can set back the change time
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def what_changed(name, was, now):
@@ -351,7 +355,9 @@ def check_fits(meta, vocab_size, model_block, block_size):
 def check_same_data(saved, meta, checkpoint, data_dir):
     """A resume continues on the data its checkpoint was trained on: saved is the meta.json the
     checkpoint recorded (nanoGPT's and converted checkpoints record none). The bins' digests are
-    compared where both record them (data prepared before they were recorded has none)."""
+    compared where both record them (data prepared before they were recorded has none), and then
+    the bins themselves with them: one read of each, paid once a resume (a 9 GB bin: seconds,
+    docs/training.md), where a change in place that kept the file's size would otherwise pass."""
     differ = [f"{k} {saved.get(k)!r} != {meta.get(k)!r}" for k in
               ('tokenizer', 'vocab_size', 'dtype', 'train_tokens', 'val_tokens')
               if saved and saved.get(k) != meta.get(k)]
@@ -363,38 +369,137 @@ def check_same_data(saved, meta, checkpoint, data_dir):
                         f"({', '.join(differ)}): resume on the data it was trained on; to train "
                         f"its weights on this data, --init_from={checkpoint} --finetune=True "
                         "with a new out_dir")
+    changed = [s for s in SPLITS if saved and s in saved.get('digests', {})
+               and file_digest(os.path.join(data_dir, f'{s}.bin')) != saved['digests'][s]]
+    if changed:
+        raise UserError(f"{data_dir}/{changed[0]}.bin is not the file its meta.json records (its "
+                        f"bytes were changed in place since it was prepared), so not the data "
+                        f"{checkpoint} was trained on: put back that data and resume, or prepare "
+                        "again with --force=True and train in a new out_dir")
 
 
 # -----------------------------------------------------------------------------
 # writing: the bins, then meta.json
 
 def write_dataset(out_dir, meta, write):
-    """write(paths) fills both bins under temporary names (and meta's counts); meta.json is then
-    written under a temporary name too, so that everything that takes disk space is written
-    before the old dataset is touched. The swap is renames only, which take none: a failure
-    before it leaves the old dataset as it was, and one during it leaves no bins."""
-    os.makedirs(out_dir, exist_ok=True)
-    final = {name: os.path.join(out_dir, name) for name in (*BIN_NAMES, 'meta.json')}
-    staged = {name: path + '.tmp' for name, path in final.items()}
-    target = out_dir  # what a failure names when the OSError does not: the bins, while written
+    """write(paths) fills both bins (and meta's counts) in a folder of their own beside out_dir,
+    then meta.json is written there, and that folder takes out_dir's place in one step
+    (files.replace_folder): a reader of out_dir sees the old dataset or the new one, whole, and a
+    failure before the swap leaves the old as it was. Under preparing(out_dir), which holds the
+    folder and clears what a killed prepare left."""
+    staging, target = beside(out_dir, 'new'), out_dir  # target: what a failure names
     try:
-        write({s: staged[f'{s}.bin'] for s in SPLITS})
-        meta['digests'] = {s: file_digest(staged[f'{s}.bin']) for s in SPLITS}
-        target = final['meta.json']
-        write_json(staged['meta.json'], meta)
+        os.makedirs(staging)
+        paths = {s: os.path.join(staging, f'{s}.bin') for s in SPLITS}
+        write(paths)
+        meta['digests'] = {s: file_digest(paths[s]) for s in SPLITS}
+        target = os.path.join(out_dir, 'meta.json')
+        write_json(os.path.join(staging, 'meta.json'), meta)
         target = out_dir
-        swap_in(staged, final)
-    except OSError as e:  # a full disk reports no file name: say which one
-        state = ("the dataset there before is as it was" if os.path.exists(final['meta.json'])
-                 else f"{out_dir} holds no dataset")
-        raise UserError(f"{fs_error(e, e.filename or target)}; {state}") from None
+        replace_folder(staging, os.path.realpath(out_dir), beside(out_dir, 'old'))
+    except OSError as e:  # a full disk reports no file name, and a staged one means nothing
+        state = ("the dataset there before is as it was" if os.path.exists(
+            os.path.join(out_dir, 'meta.json')) else f"{out_dir} holds no dataset")
+        raise UserError(f"{fs_error(e, target)}; {state}") from None
     finally:
-        for path in staged.values():
-            if os.path.exists(path):
-                os.remove(path)
+        if os.path.exists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
     print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
           f"({meta['tokenizer']}, {meta['dtype']})")
     return meta
+
+
+def beside(out_dir, what):
+    """<parent>/.<name>.<what>: the hidden files and folders a prepare of out_dir keeps next to it
+    (its lock, its owner, the new dataset while it is written, the old one while swapped out),
+    beside the real folder where out_dir is a link to it."""
+    folder = os.path.realpath(out_dir)
+    return os.path.join(os.path.dirname(folder), f'.{os.path.basename(folder)}.{what}')
+
+
+DATASET_FILES = (*BIN_NAMES, 'meta.json')
+
+
+@contextmanager
+def preparing(out_dir):
+    """One prepare per dataset folder: an exclusive lock beside it (filelock's; the OS releases it
+    however its holder ends), its holder named in .<name>.owner; a second prepare is refused in
+    one line that names the first. Under it, what a killed prepare left is cleared, and said."""
+    try:
+        os.makedirs(os.path.dirname(beside(out_dir, 'lock')), exist_ok=True)
+        lock = FileLock(beside(out_dir, 'lock'), timeout=0)
+        lock.acquire()
+    except Timeout:
+        raise UserError(f"{out_dir} is being prepared by {read_owner(beside(out_dir, 'owner'))}: "
+                        "wait for it to finish, or stop it") from None
+    except OSError as e:
+        raise UserError(fs_error(e, out_dir)) from None
+    try:
+        write_owner(beside(out_dir, 'owner'))
+        clear_leftovers(out_dir)
+        yield
+    finally:
+        if os.path.exists(beside(out_dir, 'owner')):  # while held: no other holder wrote it
+            os.remove(beside(out_dir, 'owner'))
+        lock.release()
+
+
+def check_replaceable(out_dir):
+    """A prepare replaces the whole folder: one that holds files prepare.py does not write (which
+    the swap would take with it) is refused before anything is read."""
+    others = sorted(set(os.listdir(out_dir)) - set(DATASET_FILES)) if os.path.isdir(out_dir) \
+        else []
+    if others:
+        raise UserError(f"{out_dir} holds files prepare.py does not write ({', '.join(others)}), "
+                        "and a prepare replaces the whole folder: move them out, or choose "
+                        "another --out_name")
+
+
+def write_owner(path):
+    try:
+        with open(path, 'w') as f:
+            f.write(f"prepare.py (pid {os.getpid()} on {socket.gethostname()})")
+    except OSError:
+        pass  # only a second prepare's message reads it
+
+
+def read_owner(path):
+    try:
+        with open(path) as f:
+            return f.read().strip() or 'another process'
+    except OSError:
+        return 'another process'
+
+
+def clear_leftovers(out_dir):
+    """What a prepare killed before it finished left (under its lock, no prepare is writing
+    them): the new dataset half-written beside out_dir is removed; the old one, swapped aside
+    where renameat2 is missing, is put back if out_dir is missing (a SIGKILL between the two
+    renames), else removed; temporary files of earlier versions inside out_dir are removed."""
+    said = []
+    for what in ('new', 'old'):
+        path = beside(out_dir, what)
+        if not os.path.lexists(path):
+            continue
+        if what == 'old' and not os.path.lexists(out_dir):
+            os.rename(path, os.path.realpath(out_dir))
+            said.append(f"put back {out_dir}, which a killed prepare had moved aside")
+            continue
+        said.append(f"removed {os.path.basename(path)} ({tree_size(path) / 2 ** 20:.1f} MiB)")
+        shutil.rmtree(path)
+    for name in (f'{f}.tmp' for f in DATASET_FILES):
+        path = os.path.join(out_dir, name)
+        if os.path.isfile(path):
+            said.append(f"removed {name} ({os.path.getsize(path) / 2 ** 20:.1f} MiB) from "
+                        f"{out_dir}")
+            os.remove(path)
+    if said:
+        print(f"a killed prepare of {out_dir} left files: {'; '.join(said)}")
+
+
+def tree_size(path):
+    return sum(os.path.getsize(os.path.join(folder, f))
+               for folder, _, names in os.walk(path) for f in names)
 
 
 def file_digest(path, each_chunk=None):
@@ -408,22 +513,6 @@ def file_digest(path, each_chunk=None):
             if each_chunk is not None:
                 each_chunk(chunk)
     return digest.hexdigest()
-
-
-def swap_in(staged, final):
-    """The staged files replace the dataset by renames: the old meta.json goes first, so nothing
-    vouches for half-swapped bins, and the new one comes last. A rename that fails removes the
-    bins: open_dataset would take bins without meta.json for an unfinished run."""
-    if os.path.exists(final['meta.json']):
-        os.remove(final['meta.json'])
-    try:
-        for name in (*BIN_NAMES, 'meta.json'):
-            os.replace(staged[name], final[name])
-    except OSError:
-        for name in BIN_NAMES:
-            if os.path.exists(final[name]):
-                os.remove(final[name])
-        raise
 
 
 # -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from kvgpt.data import open_dataset
+from kvgpt import data, files
+from kvgpt.data import open_dataset, preparing
 from kvgpt.errors import UserError
 from kvgpt.tokenizer import get_tokenizer
 import prepare
@@ -180,7 +182,7 @@ def test_failed_run_leaves_nothing_finished_looking(tmp_path, monkeypatch):
     monkeypatch.setattr(prepare, 'write_bin', failing)
     with pytest.raises(UserError, match=f"cannot write {out} \\(disk full\\)"):
         run(tmp_path, dataset=src)
-    assert sorted(os.listdir(out)) == []  # no bin, no .tmp, no meta.json
+    assert os.listdir(out.parent) == ['.docs.lock']  # no dataset, nothing half-written
     # a finished run survives a failing forced re-run untouched
     monkeypatch.setattr(prepare, 'write_bin', real)
     run(tmp_path, dataset=src)
@@ -214,8 +216,8 @@ def no_space(*args):
 
 
 def full_disk_at(monkeypatch, point):
-    """ENOSPC (or for a rename, EIO: renames take no space) where the disk would raise it: the
-    allocation of a bin, meta.json's write, or one rename of the swap."""
+    """ENOSPC where the disk would raise it (the allocation of a bin, meta.json's write), or EIO
+    where the swap renames: the one-step exchange, or either rename where the OS has none."""
     if point in ('train.bin', 'val.bin'):
         allocations, real = [], os.posix_fallocate
 
@@ -229,20 +231,26 @@ def full_disk_at(monkeypatch, point):
         def write_json(path, obj):
             raise no_space()
         monkeypatch.setattr('kvgpt.data.write_json', write_json)
-    else:
-        name, real_replace = point.split()[1] + '.tmp', os.replace
+    elif point == 'exchange':
+        def exchange(a, b):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), b)
+        monkeypatch.setattr(files, 'exchange', exchange)
+    else:  # without renameat2: the old folder aside, then the new one in
+        monkeypatch.setattr(files, 'exchange', lambda a, b: False)
+        real_rename = os.rename
 
-        def replace(src, dst):
-            if os.path.basename(src) == name:
+        def rename(src, dst):  # the dataset aside, then the new one from .docs.new
+            moved = os.path.basename(src)
+            if moved == ('docs' if point == 'rename aside' else '.docs.new'):
                 raise OSError(errno.EIO, os.strerror(errno.EIO), src)
-            return real_replace(src, dst)
-        monkeypatch.setattr(os, 'replace', replace)
+            return real_rename(src, dst)
+        monkeypatch.setattr(os, 'rename', rename)
 
 
 @pytest.mark.skipif(not hasattr(os, 'posix_fallocate'), reason="no posix_fallocate here")
-@pytest.mark.parametrize('point', ['train.bin', 'val.bin', 'meta.json', 'rename train.bin',
-                                   'rename val.bin', 'rename meta.json'])
-def test_a_failed_rewrite_leaves_the_old_dataset_whole_or_no_bins(tmp_path, monkeypatch, point):
+@pytest.mark.parametrize('point', ['train.bin', 'val.bin', 'meta.json', 'exchange',
+                                   'rename aside', 'rename in'])
+def test_a_failed_rewrite_leaves_the_old_dataset_whole(tmp_path, monkeypatch, point):
     """A full disk, simulated at each point where a rewrite takes space (and a failed rename at
     each of the swap's), on every machine; test_a_full_tmpfs_... has a real full disk."""
     src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
@@ -250,11 +258,11 @@ def test_a_failed_rewrite_leaves_the_old_dataset_whole_or_no_bins(tmp_path, monk
     out = tmp_path / 'data' / 'docs'
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
     full_disk_at(monkeypatch, point)
-    kept = not point.startswith('rename')  # a rename fails after the old meta.json is gone
-    state = "the dataset there before is as it was" if kept else f"{out} holds no dataset"
-    with pytest.raises(UserError, match=f"^cannot write .*; {state}$"):
+    with pytest.raises(UserError, match="^cannot write .*; the dataset there before is as it "
+                                        "was$"):
         run(tmp_path, dataset=src, tokenizer='byte', seed=5, force=True)
-    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == (before if kept else {})
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    assert sorted(os.listdir(out.parent)) == ['.docs.lock', 'docs']  # nothing half-written
 
 
 PAGE = mmap.PAGESIZE  # a tmpfs allocates whole pages
@@ -300,8 +308,8 @@ def pages(folder, *names):
     return sum(-(-os.path.getsize(folder / name) // PAGE) for name in names)
 
 
-def contents(folder):
-    return {f: (folder / f).read_bytes() for f in os.listdir(folder)}
+def contents(folder):  # {} where there is no folder
+    return {f: (folder / f).read_bytes() for f in os.listdir(folder)} if folder.exists() else {}
 
 
 @pytest.mark.parametrize('old', [False, True], ids=['fresh', 'over an old dataset'])
@@ -311,10 +319,10 @@ def test_a_full_tmpfs_leaves_the_old_dataset_whole_or_no_bins(tmpfs, old_and_new
     """A real full disk: a tmpfs with room for the old dataset and the new one's pages up to
     the point (train.bin's are allocated first, then val.bin's, then meta.json's)."""
     src, old_dir, new_dir = old_and_new
-    room = {'train.bin': pages(new_dir, 'train.bin') - 1,
-            'val.bin': pages(new_dir, 'train.bin', 'val.bin') - 1,
-            'meta.json': pages(new_dir, 'train.bin', 'val.bin'),
-            None: pages(new_dir, 'train.bin', 'val.bin', 'meta.json')}[point]
+    room = 1 + {'train.bin': pages(new_dir, 'train.bin') - 1,  # 1: the holder's .docs.owner
+                'val.bin': pages(new_dir, 'train.bin', 'val.bin') - 1,
+                'meta.json': pages(new_dir, 'train.bin', 'val.bin'),
+                None: pages(new_dir, 'train.bin', 'val.bin', 'meta.json')}[point]
     disk = tmpfs(room + (pages(old_dir, *os.listdir(old_dir)) if old else 0))
     if old:
         shutil.copytree(old_dir, disk / 'docs')
@@ -734,4 +742,161 @@ def test_ctrl_c_with_workers_is_one_line_and_leaves_no_files(tmp_path, streamed)
     assert code == 130, output[-3000:]
     # one line from the main process (among the progress bars), nothing from the workers
     assert 'Traceback' not in output and output.count('interrupted\n') == 1, output[-3000:]
-    assert [f for _, _, fs in os.walk(tmp_path / 'data') for f in fs] == []
+    assert [f for _, _, fs in os.walk(tmp_path / 'data') for f in fs] == ['.docs.lock']
+
+
+# -----------------------------------------------------------------------------
+# one prepare per folder, the swap whole at every step, another source only with --force
+
+def test_a_second_prepare_into_a_held_folder_is_refused_naming_the_holder(tmp_path):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    run(tmp_path, dataset=src, tokenizer='byte')
+    out = tmp_path / 'data' / 'docs'
+    before = contents(out)
+    with preparing(str(out)):  # as a prepare.py running now holds it
+        with pytest.raises(UserError) as refused:
+            run(tmp_path, dataset=src, tokenizer='byte', seed=5, force=True)
+    assert str(refused.value) == (f"{out} is being prepared by prepare.py (pid {os.getpid()} on "
+                                  f"{socket.gethostname()}): wait for it to finish, or stop it")
+    assert contents(out) == before
+    run(tmp_path, dataset=src, tokenizer='byte', seed=5, force=True)  # released: it goes ahead
+    assert contents(out) != before
+
+
+@pytest.mark.slow
+def test_two_prepares_started_together_leave_one_whole_dataset(tmp_path):
+    """Two processes at once into one folder: each is refused in one line or writes its whole
+    dataset; never a bus error, and the folder holds bins that match its meta.json."""
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS * 200)
+    cmd = [sys.executable, 'prepare.py', f'--dataset={src}', '--tokenizer=byte', '--num_proc=1',
+           f'--data_root={tmp_path}/data', '--progress=False', '--force=True']
+    procs = [subprocess.Popen(cmd + [f'--seed={seed}'], cwd=HERE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    for code, err in results:
+        assert code == 0 or (code == 2 and re.fullmatch(
+            rf"error: {tmp_path}/data/docs is being prepared by prepare.py \(pid \d+ on .*\): "
+            r"wait for it to finish, or stop it\n", err)), (code, err)
+    out = tmp_path / 'data' / 'docs'
+    meta = json.loads((out / 'meta.json').read_text())
+    assert all(hashlib.blake2b((out / f'{s}.bin').read_bytes(), digest_size=16).hexdigest()
+               == meta['digests'][s] for s in ('train', 'val'))
+    assert sorted(os.listdir(out.parent)) == ['.docs.lock', 'docs']
+
+
+def killed_at(step, signum, out_dir, kw):
+    """Run prepare(kw) in a forked child that sends itself signum at `step` of the swap; return
+    its exit status. Steps: 'staged' (the new dataset whole beside the old, before the swap),
+    'exchanged' (before the old is removed), 'removing' (half of the old removed); without
+    renameat2: 'aside' (the old moved aside, the new not yet in) and 'in' (the new in, the old
+    still aside)."""
+    pid = os.fork()
+    if pid:
+        return os.waitpid(pid, 0)[1]
+    try:
+        def hit():
+            os.kill(os.getpid(), signum)
+
+        real_replace, real_exchange, real_rename, real_rmtree = (
+            data.replace_folder, files.exchange, os.rename, shutil.rmtree)
+        if step == 'staged':
+            data.replace_folder = lambda *a: (hit(), real_replace(*a))
+        elif step in ('exchanged', 'removing'):
+            files.exchange = lambda a, b: (real_exchange(a, b), hit())[0]
+        else:
+            def rename(a, b):
+                real_rename(a, b)
+                if os.path.basename(a) == ('docs' if step == 'aside' else '.docs.new'):
+                    hit()
+            files.exchange, os.rename = (lambda a, b: False), rename
+        if step == 'removing':
+            def rmtree(path, *a, **k):
+                first = sorted(os.listdir(path))[0]
+                os.remove(os.path.join(path, first))
+                hit()
+                real_rmtree(path, *a, **k)
+            shutil.rmtree = rmtree
+        sys.stdout = open(os.devnull, 'w')
+        prepare.prepare(kw)
+        os._exit(0)
+    except KeyboardInterrupt:
+        os._exit(130)
+    except BaseException:
+        os._exit(1)
+
+
+STEPS = ['staged', 'exchanged', 'removing', 'aside', 'in']
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGKILL], ids=['SIGINT', 'SIGKILL'])
+@pytest.mark.parametrize('step', STEPS)
+def test_a_prepare_stopped_at_each_step_of_its_swap_leaves_the_old_or_the_new_whole(
+        tmp_path, old_and_new, signum, step, capsys):
+    src, old_dir, new_dir = old_and_new
+    root = tmp_path / 'data'
+    shutil.copytree(old_dir, root / 'docs')
+    kw = dict(prepare.DEFAULTS, dataset=src, tokenizer='byte', val_size=0.2, num_proc=1,
+              data_root=str(root), force=True)
+    status = killed_at(step, signum, root / 'docs', kw)
+    if signum == signal.SIGINT:  # held through the swap: the new dataset, then "interrupted"
+        assert os.waitstatus_to_exitcode(status) == 130
+        assert contents(root / 'docs') == contents(old_dir if step == 'staged' else new_dir)
+        assert sorted(os.listdir(root)) == ['.docs.lock', 'docs']
+        return
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    found = contents(root / 'docs')
+    if step == 'aside':  # renameat2's absence: the one step that leaves neither in place
+        assert found == {} and contents(root / '.docs.old') == contents(old_dir)
+    else:
+        assert found in (contents(old_dir), contents(new_dir))
+    capsys.readouterr()
+    prepare.prepare(kw)  # the next run clears what the killed one left, says so, and goes on
+    said = capsys.readouterr().out
+    assert f"a killed prepare of {root / 'docs'} left files: " in said
+    if step == 'aside':
+        assert f"put back {root / 'docs'}, which a killed prepare had moved aside" in said
+    assert contents(root / 'docs') == contents(new_dir)
+    assert sorted(os.listdir(root)) == ['.docs.lock', 'docs']
+
+
+def test_a_dataset_from_another_source_is_replaced_only_with_force(tmp_path, capsys):
+    (tmp_path / 'blank.txt').write_text('plain text ' * 400)
+    src = write_jsonl(tmp_path / 'blank.jsonl', DOCS)
+    run(tmp_path, dataset=str(tmp_path / 'blank.txt'), tokenizer='byte')
+    out = tmp_path / 'data' / 'blank'
+    before = contents(out)
+    with pytest.raises(UserError) as refused:
+        run(tmp_path, dataset=src, tokenizer='byte')
+    assert str(refused.value) == (f"{out} holds another dataset (made with dataset="
+                                  f"'{tmp_path / 'blank.txt'}', val_size=0.1): --force=True "
+                                  "replaces it, or choose another --out_name")
+    assert contents(out) == before
+    with pytest.raises(UserError, match=r"another dataset \(made with tokenizer='byte'\)"):
+        run(tmp_path, dataset=str(tmp_path / 'blank.txt'), tokenizer='gpt2')  # before the BPE
+    run(tmp_path, dataset=src, tokenizer='byte', force=True)
+    assert json.loads((out / 'meta.json').read_text())['source'] == src
+
+
+def test_a_folder_with_files_prepare_does_not_write_is_refused_before_reading(tmp_path,
+                                                                             monkeypatch):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    (tmp_path / 'data' / 'docs').mkdir(parents=True)
+    (tmp_path / 'data' / 'docs' / 'notes.txt').write_text('mine')
+    monkeypatch.setattr(prepare, 'load_source', lambda c: pytest.fail('the source was read'))
+    with pytest.raises(UserError, match=re.escape(
+            f"{tmp_path}/data/docs holds files prepare.py does not write (notes.txt), and a "
+            "prepare replaces the whole folder: move them out, or choose another --out_name")):
+        run(tmp_path, dataset=src, tokenizer='byte')
+
+
+def test_what_an_older_killed_prepare_left_in_the_folder_is_removed_and_said(tmp_path, capsys):
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    run(tmp_path, dataset=src, tokenizer='byte')
+    out = tmp_path / 'data' / 'docs'
+    (out / 'train.bin.tmp').write_bytes(b'\0' * 2 ** 20)  # an earlier version staged here
+    capsys.readouterr()
+    run(tmp_path, dataset=src, tokenizer='byte')
+    said = capsys.readouterr().out
+    assert f"a killed prepare of {out} left files: removed train.bin.tmp (1.0 MiB) from {out}" \
+        in said and 'is up to date' in said
+    assert sorted(os.listdir(out)) == ['meta.json', 'train.bin', 'val.bin']

@@ -915,13 +915,29 @@ def test_a_finetune_into_its_own_runs_folder_is_refused_like_any_fresh_start(dat
     assert run_files(tmp_path) == before
 
 
+def change_in_place(path, offset=100):
+    """One token of the bin at path changed where it is (its low byte, so still an id of the byte
+    vocabulary), and the modification time put back, as `cp -p` or `rsync -a --inplace` leave a
+    file: the size and mtime are as before."""
+    info = os.stat(path)
+    with open(path, 'r+b') as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([(byte + 1) % 256]))
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == info.st_mtime_ns and os.path.getsize(path) == info.st_size
+
+
 def change_data(data_dir, source, how):
-    """Truncate train.bin in place, or prepare another corpus (the same one twice over, so every
-    window the run draws is still there to read) into the same folder, as a user might while a
-    run reads it."""
+    """Truncate train.bin in place, change it in place keeping its size and mtime, or prepare
+    another corpus (the same one twice over, so every window the run draws is still there to
+    read) into the same folder, as a user might while a run reads it."""
     import prepare
     if how == 'truncated':
         return os.truncate(data_dir / 'train.bin', os.path.getsize(data_dir / 'train.bin') // 2)
+    if how == 'in place, mtime kept':
+        return change_in_place(data_dir / 'train.bin')
     more = data_dir.parent / 'more.jsonl'
     more.write_text(open(source).read() * 2)
     prepare.prepare(dict(prepare.DEFAULTS, dataset=str(more), tokenizer='byte', num_proc=1,
@@ -931,7 +947,9 @@ def change_data(data_dir, source, how):
 
 @pytest.mark.parametrize('how,change', [
     ('truncated', r'train.bin now has [\d,]+ bytes, not [\d,]+'),
-    ('re-prepared', 'train.bin was replaced by another file')], ids=['truncated', 're-prepared'])
+    ('in place, mtime kept', 'train.bin was written to'),
+    ('re-prepared', 'train.bin was replaced by another file')],
+    ids=['truncated', 'in place', 're-prepared'])
 def test_a_run_whose_data_changes_under_it_stops_in_one_line(data_root, tmp_path, monkeypatch,
                                                             command_line, how, change):
     data = tmp_path / 'data' / 'tiny'
@@ -951,6 +969,23 @@ def test_a_run_whose_data_changes_under_it_stops_in_one_line(data_root, tmp_path
     # nothing from the changed data: the checkpoint is step 4's, and no step past 6 is logged
     assert load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] == 4
     assert max(e['iter'] for e in read_log(out)) == 6
+
+
+def test_a_resume_after_a_change_in_place_is_refused_in_one_line(data_root, tmp_path,
+                                                                 command_line):
+    """The bins are read whole at a resume and compared with the digests meta.json (and the
+    checkpoint) record: a change that kept the size and the mtime is caught there too."""
+    data = tmp_path / 'data' / 'tiny'
+    shutil.copytree(os.path.join(data_root, 'tiny'), data)
+    out = tmp_path / 'run'
+    run(str(data.parent), out, max_iters=2, eval_interval=2)
+    change_in_place(data / 'val.bin', offset=10)
+    code, err = command_line(train, argv(str(data.parent), out, init_from='resume', max_iters=4))
+    assert code == 2 and err == (
+        f"error: {data}/val.bin is not the file its meta.json records (its bytes were changed in "
+        f"place since it was prepared), so not the data {out}/ckpt.pt was trained on: put back "
+        "that data and resume, or prepare again with --force=True and train in a new out_dir\n")
+    assert load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] == 2
 
 
 def test_a_truncated_checkpoint_is_one_line_and_not_replaced_by_scratch(data_root, tmp_path):
