@@ -149,9 +149,9 @@ def settings(argv=None):
             c['query'] = upgrade_query({'query': c['query'], 'query_identity': True})['query']
     for key in ('batch_size', 'block_size', 'max_iters', 'eval_interval', 'eval_iters',
                 'log_interval', 'gradient_accumulation_steps'):
-        if c[key] < (0 if key == 'max_iters' else 1):
+        if c[key] < 1:
             raise UserError(f"{key} must be positive, got {c[key]}")
-    for key in ('learning_rate', 'min_lr', 'weight_decay', 'data_seed'):
+    for key in ('learning_rate', 'min_lr', 'weight_decay', 'data_seed', 'warmup_iters'):
         if c[key] < 0:  # AdamW and numpy's generator refuse them with a traceback
             raise UserError(f"{key} must not be negative, got {c[key]}")
     if c['muon_lr'] is not None and not (c['muon_lr'] > 0 and c['learning_rate'] > 0):
@@ -160,6 +160,9 @@ def settings(argv=None):
     for key in ('beta1', 'beta2', 'muon_momentum'):
         if not 0 <= c[key] < 1:
             raise UserError(f"{key} must be at least 0 and below 1, got {c[key]}")
+    if c['decay_lr'] and c['min_lr'] > c['learning_rate']:
+        raise UserError(f"min_lr {c['min_lr']:g} is above learning_rate {c['learning_rate']:g}: "
+                        "the schedule would climb to it; lower min_lr (the schedule's floor)")
     if not 0 <= c['cooldown_frac'] <= 1:
         raise UserError(f"cooldown_frac must be between 0 and 1, got {c['cooldown_frac']}")
     if not all(isinstance(k, int) and k > 0 for k in c['keep_checkpoints']):
@@ -706,6 +709,10 @@ def setup(c, process, signals):
                            dist.barrier if process.ddp else None)
     if process.master:
         print_overrides(c, DEFAULTS)
+        if c['decay_lr'] and c['warmup_iters'] >= c['max_iters']:  # a short trial run, say
+            print(f"note: warmup_iters {c['warmup_iters']} is not below max_iters "
+                  f"{c['max_iters']}: this run ends in its warmup, at a learning rate of "
+                  f"{get_lr(c['max_iters'] - 1, c):.3g}, not its peak {c['learning_rate']:g}")
     model, ckpt = build_model(c, data.meta, process.master)
     config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
     if ckpt is not None:  # the checkpoint's model wins over a resume's model settings: record it

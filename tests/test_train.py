@@ -217,10 +217,26 @@ def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path,
     (dict(weight_decay=-0.1), 'weight_decay must not be negative, got -0.1'),
     (dict(data_seed=-1), 'data_seed must not be negative, got -1'),
     (dict(beta2=1.5), 'beta2 must be at least 0 and below 1, got 1.5'),
+    (dict(max_iters=0), 'max_iters must be positive, got 0'),
+    (dict(max_iters=-1), 'max_iters must be positive, got -1'),
+    (dict(warmup_iters=-5), 'warmup_iters must not be negative, got -5'),
+    (dict(min_lr=0.02), 'min_lr 0.02 is above learning_rate 0.01: the schedule would climb to '
+                        "it; lower min_lr (the schedule's floor)"),
 ])
 def test_bad_config_fails_clearly(data_root, tmp_path, kw, message):
     with pytest.raises(UserError, match=re.escape(message)):
         run(data_root, tmp_path, **kw)
+    assert not os.path.exists(tmp_path / 'config.json')  # nothing written
+
+
+def test_a_run_that_ends_in_its_warmup_says_so(data_root, tmp_path, capsys):
+    """A trial run shorter than the warmup (the default config's 2,000 steps, say) is not
+    refused: it is said, with the learning rate it ends at."""
+    run(data_root, tmp_path, max_iters=2, eval_interval=2)
+    assert ("note: warmup_iters 2 is not below max_iters 2: this run ends in its warmup, at a "
+            "learning rate of 0.00667, not its peak 0.01") in capsys.readouterr().out
+    run(data_root, tmp_path / 'full', max_iters=3, eval_interval=3)
+    assert 'ends in its warmup' not in capsys.readouterr().out
 
 
 def test_resume_rejects_a_dataset_the_model_cannot_read(data_root, tmp_path):
@@ -778,8 +794,11 @@ def test_overwrite_leaves_no_kept_checkpoint_of_the_run_it_replaces(data_root, t
 
 
 def test_a_run_that_saved_nothing_does_not_point_to_sample_py(data_root, tmp_path, capsys):
-    log = run(data_root, tmp_path / 'zero', max_iters=0)
-    assert [e['iter'] for e in log] == [0] and not (tmp_path / 'zero' / 'ckpt.pt').exists()
+    # only improvements are saved, and at LR 0 the last evaluation equals the first
+    log = run(data_root, tmp_path / 'zero', max_iters=2, eval_interval=2, learning_rate=0.0,
+              min_lr=0.0, always_save_checkpoint=False)
+    assert [e['iter'] for e in log if 'val_loss' in e] == [0, 2]
+    assert not (tmp_path / 'zero' / 'ckpt.pt').exists()
     out = capsys.readouterr().out
     assert 'no checkpoint was saved' in out and 'sample.py' not in out
     run(data_root, tmp_path / 'two', max_iters=2, eval_interval=2)
