@@ -12,6 +12,9 @@ is compared with this machine's own measured matmul throughput. Each variant als
 JSON line (prefixed "json:"). The lab's benchmarks (decoding, preparing, runs per hour,
 attention kernels) are `python -m lab.costs`.
 """
+from kvgpt.errors import quiet_imports  # first: Ctrl-C in the imports below is one line
+quiet_imports(__name__)
+
 import json
 import os
 import statistics

@@ -19,6 +19,9 @@ stops prepare (a full disk, Ctrl-C, a kill) and when; what a killed prepare left
 the next. One prepare holds a destination at a time, and a dataset made from another source or
 with other settings is replaced only with --force=True.
 """
+from kvgpt.errors import quiet_imports  # first: Ctrl-C in the imports below is one line
+quiet_imports(__name__)
+
 import ast
 import errno
 import functools
@@ -35,7 +38,7 @@ from kvgpt.config import Kind, closest, defaults, keys, parse_config
 from kvgpt.data import (EMBEDDED_CORPORA, SPLITS, bins_match_meta, check_replaceable,
                         file_digest, meta_problem, preparing, write_dataset)
 from kvgpt.errors import UserError, fs_error, quiet_hub, run_main
-from kvgpt.files import read_json, write_json
+from kvgpt.files import read_json, read_only, write_json
 from kvgpt.tokenizer import TOKENIZERS, get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -187,16 +190,19 @@ def check_jsonl(path):
 
 
 def first_non_utf8(files):
-    """'<path> line <n> is not UTF-8 text' for the first such line of local text files, or None."""
+    """'<path> is not UTF-8 text at byte <offset> (line <n>)' for the first such byte of local
+    text files, or None."""
     for path in files:
         if not path.endswith(('.txt', '.jsonl', '.json')):
             continue
         with open(path, 'rb') as f:
+            offset = 0
             for number, line in enumerate(f, 1):
                 try:
                     line.decode('utf-8')
-                except UnicodeDecodeError:
-                    return f"{path} line {number} is not UTF-8 text"
+                except UnicodeDecodeError as e:
+                    return f"{path} is not UTF-8 text at byte {offset + e.start:,} (line {number})"
+                offset += len(line)
     return None
 
 
@@ -281,8 +287,11 @@ def load_source(c):
 def unreadable(source, e, builder=None):
     """One line for a source datasets failed to read, on load or while streaming: the line of a
     local JSON-lines file at fault where there is one, else datasets' own first line."""
-    if isinstance(e, UnicodeDecodeError):
-        return not_utf8(source, e)
+    cause = e  # datasets wraps a decoding error (DatasetGenerationError, for a .txt)
+    while cause is not None and not isinstance(cause, UnicodeDecodeError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        return not_utf8(source, cause)
     if is_local(source) and os.path.exists(os.path.expanduser(source)):
         _, files = local_files(os.path.expanduser(source))
         for problem in filter(None, map(check_jsonl, [f for f in files if f.endswith('.jsonl')])):
@@ -388,8 +397,8 @@ def check_destination(out_dir):
     there = os.path.abspath(out_dir)
     while not os.path.lexists(there):
         there = os.path.dirname(there)
-    problem = (errno.ENOTDIR if not os.path.isdir(there) else
-               None if os.access(there, os.W_OK | os.X_OK) else errno.EACCES)
+    problem = (errno.ENOTDIR if not os.path.isdir(there) else errno.EROFS if read_only(there)
+               else None if os.access(there, os.W_OK | os.X_OK) else errno.EACCES)
     if problem:
         raise UserError(fs_error(OSError(problem, os.strerror(problem)), out_dir))
 

@@ -8,6 +8,9 @@ Sample from a trained model, streaming tokens as they come:
 The checkpoint carries the model and the tokenizer, so nothing is repeated here. Decoding
 uses model.py's KV cache: the prompt is prefilled once, then one token per step.
 """
+from kvgpt.errors import quiet_imports  # first: Ctrl-C in the imports below is one line
+quiet_imports(__name__)
+
 import os
 import sys
 import torch

@@ -19,6 +19,9 @@ gradients), and the run's start and end. Rank 0 alone writes, inside them, so na
 fail after the process group's timeout (KVGPT_COLLECTIVE_TIMEOUT seconds; torch's default is 30
 minutes for gloo) with one line naming the call.
 """
+from kvgpt.errors import quiet_imports  # first: Ctrl-C in the imports below is one line
+quiet_imports(__name__)
+
 import glob
 import importlib
 import math

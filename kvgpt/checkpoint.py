@@ -14,7 +14,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from kvgpt.errors import UserError, fs_error, model_errors
-from kvgpt.files import atomic_write
+from kvgpt.files import atomic_write, read_only
 
 
 # -----------------------------------------------------------------------------
@@ -257,7 +257,7 @@ def check_keys(ckpt, path, keys):
 def write_failure(folder, free):
     """The errno behind a write torch reports only as a RuntimeError: a read-only filesystem, a
     folder this process may not write, a full disk, or else an I/O error."""
-    if os.path.isdir(folder) and os.statvfs(folder).f_flag & os.ST_RDONLY:
+    if os.path.isdir(folder) and read_only(folder):
         return errno.EROFS
     if os.path.isdir(folder) and not os.access(folder, os.W_OK):
         return errno.EACCES

@@ -7,6 +7,7 @@ import errno
 import importlib
 import logging
 import os
+import signal
 import sys
 import traceback
 from contextlib import contextmanager
@@ -73,11 +74,24 @@ def fs_error(e, path=None, doing='write'):
     return f"cannot {doing} {path or e.filename or 'a file'} ({e.strerror or e}): {advice}"
 
 
+def quiet_imports(name):
+    """Called first by each script, with its __name__: when it runs as the script (not imported),
+    Ctrl-C during its imports (torch's take seconds) is the one line "interrupted" and exit code
+    130, as during main(), not a traceback from deep in an import. run_main puts Python's own
+    handler back before main()."""
+    if name == '__main__':
+        signal.signal(signal.SIGINT, lambda signum, frame: interrupted())
+
+
 def run_main(main):
     """Run a script's main(): a user error, or a filesystem failure no caller explained more
     closely, is one line on stderr and exit code 2 (KVGPT_DEBUG=1 prints the traceback instead,
     with the same exit code); Ctrl-C is "interrupted" and exit code 130; anything else is a bug,
     and Python's traceback and exit code 1 say so."""
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # quiet_imports' no longer
+    except ValueError:  # not the main thread: its handler was never replaced
+        pass
     try:
         main()
     except BrokenPipeError:  # `python sample.py ... | head`: the reader has gone, nothing is wrong

@@ -86,6 +86,12 @@ def signals_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
+def read_only(folder):
+    """Whether folder is on a filesystem mounted read-only (os.access cannot tell that from a
+    folder this process may not write)."""
+    return hasattr(os, 'statvfs') and bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+
+
 def sync_folder(path):
     """A folder's entries on disk (its renames survive a power cut), where the OS allows."""
     try:

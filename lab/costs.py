@@ -21,10 +21,13 @@ import tempfile
 import time
 import unittest.mock
 
-import torch
-
 if not __package__:  # run as a file, not with -m: import from the repository root all the same
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from kvgpt.errors import quiet_imports  # first: Ctrl-C in the imports below is one line
+quiet_imports(__name__)
+
+import torch
 
 import bench
 from bench import batches, sync, timed_step, variant_config, write_results

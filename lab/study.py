@@ -40,6 +40,9 @@ import time
 if not __package__:  # run as a file, not with -m: import from the repository root all the same
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from kvgpt.errors import quiet_imports  # first: Ctrl-C in the imports below is one line
+quiet_imports(__name__)
+
 from kvgpt.config import Kind, defaults, keys, parse_config
 from kvgpt.errors import UserError, run_main
 from kvgpt.files import atomic_write

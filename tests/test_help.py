@@ -3,8 +3,10 @@ import importlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from kvgpt import config
@@ -111,3 +113,16 @@ def test_help_from_the_command_line_exits_zero():
     r = subprocess.run(command('train') + ['-h'], cwd=HERE, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stderr == '' and '  --' in r.stdout, r.stderr[-300:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_ctrl_c_during_a_scripts_imports_is_one_line(name):
+    """SIGINT 0.3 s after the start, while torch is still being imported (--help prints nothing
+    until the imports are done): "interrupted", exit code 130, no traceback."""
+    proc = subprocess.Popen(command(name) + ['--help'], cwd=HERE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (130, '', 'interrupted\n')

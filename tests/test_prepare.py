@@ -337,6 +337,19 @@ def test_a_full_tmpfs_leaves_the_old_dataset_whole_or_no_bins(tmpfs, old_and_new
     assert contents(disk / 'docs') == (contents(old_dir) if old else {})
 
 
+def test_a_read_only_filesystem_is_said_to_be_one(tmpfs, tmp_path, monkeypatch):
+    """os.access says only 'no' on a read-only mount, as for a folder of another owner: the
+    mount's flag tells them apart, before the source is read."""
+    src = write_jsonl(tmp_path / 'docs.jsonl', DOCS)
+    disk = tmpfs(16)
+    subprocess.run(['mount', '-o', 'remount,ro', str(disk)], check=True)
+    monkeypatch.setattr(prepare, 'load_source', lambda c: pytest.fail('the source was read'))
+    with pytest.raises(UserError) as e:
+        run(tmp_path, dataset=src, data_root=str(disk))
+    assert str(e.value) == (f"cannot write {disk}/docs (Read-only file system): the filesystem "
+                            "is read-only: choose a writable folder")
+
+
 def test_openwebtext_path_on_local_files_with_its_schema(tmp_path):
     """The hub is unreachable here: the same code path, fed a local parquet copy with OpenWebText's
     schema."""
@@ -620,13 +633,26 @@ def test_text_that_is_not_utf8_or_not_a_string_is_one_line_naming_it(tmp_path, s
     lines[6] = '{"text": "café latin-1"}\n'.encode('latin-1')
     open(src, 'wb').write(b''.join(lines))
     kw = dict(tokenizer='byte', streaming=streaming, val_documents=2, num_proc=num_proc)
-    with pytest.raises(UserError, match=f"^{src} line 7 is not UTF-8 text: convert it to UTF-8"):
+    at = sum(map(len, lines[:6])) + len(b'{"text": "caf')  # the latin-1 e-acute
+    with pytest.raises(UserError, match=f"^{src} is not UTF-8 text at byte {at:,} \\(line 7\\): "
+                                        "convert it to UTF-8"):
         run(tmp_path, dataset=src, **kw)
     lines[6] = b'{"text": 42}\n'
     open(src, 'wb').write(b''.join(lines))
     with pytest.raises(UserError, match=f"^{src}: document 7's 'text' is a int, not text: fix"):
         run(tmp_path, dataset=src, **kw)
     assert not os.path.exists(tmp_path / 'data' / 'docs' / 'meta.json')
+
+
+def test_a_text_file_that_is_not_utf8_says_so_with_the_byte(tmp_path):
+    """A .txt goes through datasets' text builder, which wraps the decoding error: the message
+    is still the cause's, with the byte where the text stops being UTF-8."""
+    src = tmp_path / 'blank.txt'
+    src.write_bytes(b'plain text\nand then \xff\xfe binary')
+    with pytest.raises(UserError) as e:
+        run(tmp_path, dataset=str(src), tokenizer='byte')
+    assert str(e.value) == (f"{src} is not UTF-8 text at byte 20 (line 2): convert it to UTF-8 "
+                            "(e.g. iconv -f latin1 -t utf-8) or fix that text")
 
 
 def test_a_source_folder_under_data_root_is_not_written_into(tmp_path, monkeypatch):

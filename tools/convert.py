@@ -30,10 +30,13 @@ import os
 import sys
 from dataclasses import asdict
 
-import torch
-
 if not __package__:  # run as a file, not with -m: import from the repository root all the same
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from kvgpt.errors import quiet_imports  # first: Ctrl-C in the imports below is one line
+quiet_imports(__name__)
+
+import torch
 
 from kvgpt.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from kvgpt.config import Kind, defaults, keys, parse_config

@@ -17,10 +17,13 @@ import os
 import shutil
 import sys
 
-import torch
-
 if not __package__:  # run as a file, not with -m: import from the repository root all the same
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from kvgpt.errors import quiet_imports  # first: Ctrl-C in the imports below is one line
+quiet_imports(__name__)
+
+import torch
 
 from kvgpt.checkpoint import model_from_checkpoint
 from kvgpt.config import Kind, defaults, keys, parse_config
