@@ -675,34 +675,74 @@ def test_a_reader_that_stops_early_is_not_an_error():
 # the committed experiments: every generated block, and every study's figures, byte for byte
 
 ALL = sorted(f[:-3] for f in os.listdir(STUDIES) if f.endswith('.py'))
+EXPERIMENTS = os.path.join(HERE, 'experiments')
+
+
+def stale_experiments_docs(studies=STUDIES, root=EXPERIMENTS):
+    """docs/experiments.md's generated blocks against what the studies in `studies` that write
+    there make of the committed logs under root: (blocks missing or extra, whether any is stale).
+    A study of a user's own writes its own docs file and is left out."""
+    with open(os.path.join(HERE, 'docs', 'experiments.md')) as f:
+        text = f.read()
+    made = {}
+    for name in sorted(f[:-3] for f in os.listdir(studies) if f.endswith('.py')):
+        s = P.load_study(os.path.join(studies, f'{name}.py'))
+        if s.docs == 'docs/experiments.md':
+            made.update(docs.blocks(s, root))
+    found = sorted(m.group(2) for m in docs.BLOCK.finditer(text))
+    return sorted(set(found) ^ set(made)), docs.fill(text, made) != text
+
+
+def misplaced_runs(studies=STUDIES, root=EXPERIMENTS):
+    """The folders under root that are no study's, and the committed runs that hold more or less
+    than their config.json and gzipped log."""
+    named = {P.load_study(os.path.join(studies, f)).name: f[:-3]
+             for f in os.listdir(studies) if f.endswith('.py')}  # {its folder: its study file}
+    problems = [f"{name}: no study in {studies} names it"
+                for name in sorted(set(os.listdir(root)) - set(named))]
+    for name, study in named.items():
+        for folder in P.run_folders(root, name):
+            if set(os.listdir(folder)) - {'diverged.txt'} != {'config.json', 'log.jsonl.gz'}:
+                problems.append(f"{folder}: run python -m lab.study lab/studies/{study}.py "
+                                "--collect=True")
+    return problems
 
 
 def test_docs_blocks_match_the_committed_logs():
     """Every generated block of docs/experiments.md is what its study's committed logs give."""
-    with open(os.path.join(HERE, 'docs', 'experiments.md')) as f:
-        text = f.read()
-    made = {}
-    for name in ALL:
-        made.update(docs.blocks(load(name), os.path.join(HERE, 'experiments')))
-    assert sorted(m.group(2) for m in docs.BLOCK.finditer(text)) == sorted(made)
-    assert docs.fill(text, made) == text, \
+    differ, stale = stale_experiments_docs()
+    assert not differ and not stale, \
         "docs/experiments.md is stale: run python -m lab.study lab/studies/*.py --report=True"
 
 
 def test_each_committed_run_holds_its_config_and_one_gzipped_log():
     """The logs stay out of the way of a reader of the tree: a plain log.jsonl (a runner from
     before the compact logs committed it) is gzipped by --collect=True."""
-    root = os.path.join(HERE, 'experiments')
-    studies = {load(name).name: name for name in ALL}  # {its folder: its study file}
-    assert set(os.listdir(root)) <= set(studies)
-    for name, study in studies.items():
-        for folder in P.run_folders(root, name):
-            assert set(os.listdir(folder)) - {'diverged.txt'} == {'config.json', 'log.jsonl.gz'}, \
-                f"{folder}: run python -m lab.study lab/studies/{study}.py --collect=True"
+    assert misplaced_runs() == []
+
+
+def test_a_study_of_your_own_made_as_the_docs_say_leaves_these_checks_passing(tmp_path):
+    """docs/experiments.md's recipe, followed: its study file in lab/studies/, its docs file,
+    and its runs committed under experiments/mine/ (one stands in for the six)."""
+    text = open(os.path.join(HERE, 'docs', 'experiments.md')).read()
+    recipe = text.split('### A study of your own', 1)[1].split('```python\n', 1)[1]
+    recipe = recipe.split('```', 1)[0]
+    assert '`lab/studies/mine.py`' in text and 'python -m lab.study lab/studies/mine.py' in text
+    studies, root = tmp_path / 'lab' / 'studies', tmp_path / 'experiments'
+    shutil.copytree(STUDIES, studies)
+    (studies / 'mine.py').write_text(recipe)
+    root.mkdir()
+    for name in os.listdir(EXPERIMENTS):
+        os.symlink(os.path.join(EXPERIMENTS, name), root / name)
+    run = root / 'mine' / 'baseline_lr0.002_wd0.1_s1'
+    shutil.copytree(next(iter(P.run_folders(EXPERIMENTS, 'v5'))), run)
+    assert misplaced_runs(str(studies), str(root)) == []
+    assert stale_experiments_docs(str(studies), str(root)) == ([], False)
+    assert not [f for f in os.listdir(HERE) if f == 'mine.py']  # nothing at the root
 
 
 @pytest.mark.slow  # seconds of matplotlib each
-@pytest.mark.parametrize('name', ['v2', 'v3', 'v4', 'v5', 'v6', 'v7'])
+@pytest.mark.parametrize('name', ['v2', 'v3', 'v4', 'v5', 'v6', 'v7', 'v8'])
 def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
     """Each study's figures, from its committed runs."""
     pytest.importorskip('matplotlib', reason=PLOTS)
@@ -711,8 +751,8 @@ def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
     drawn = docs.write_figures(s, os.path.join(HERE, 'experiments'), str(tmp_path))
     assets = os.path.join(HERE, 'docs', 'assets')
     present = [png for png in s.figures if os.path.exists(os.path.join(assets, png))]
-    # v4 drew some figures only while its runs were kept; v7's waits for its runs
-    assert sorted(drawn) == sorted(s.figures if name not in ('v4', 'v7') else present)
+    # v4 drew some figures only while its runs were kept; v8's waits for its runs
+    assert sorted(drawn) == sorted(s.figures if name not in ('v4', 'v8') else present)
     for png in drawn:
         committed = open(os.path.join(HERE, 'docs', 'assets', png), 'rb').read()
         made = (tmp_path / png).read_bytes()
