@@ -44,7 +44,8 @@ from kvgpt.config import Key, Kind, defaults, keys, parse_config, print_override
 from kvgpt.data import Dataset, check_fits, check_same_data, open_or_prepare
 from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
-from kvgpt.errors import UserError, fs_error, model_errors, quiet_hub, run_main
+from kvgpt.errors import (SameOnEveryRank, UserError, fs_error, model_errors, quiet_hub,
+                          run_main)
 from kvgpt.files import atomic_write
 from kvgpt.optimizer import MUON_SCALES, OPTIMIZERS, build_optimizer
 from kvgpt.signals import Interrupted, Signals
@@ -801,7 +802,10 @@ def out_of_memory(e, c):
 
 
 def main(argv=None):
-    c = settings(argv)
+    try:
+        c = settings(argv)
+    except UserError as e:  # under torchrun every rank reads the same settings: said once
+        raise SameOnEveryRank(str(e)) from None
     try:
         run = train(c)
     except (RuntimeError, MemoryError) as e:

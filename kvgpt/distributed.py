@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from kvgpt.device import pick_device
-from kvgpt.errors import UserError
+from kvgpt.errors import SameOnEveryRank, UserError
 
 
 # -----------------------------------------------------------------------------
@@ -36,9 +36,11 @@ class Dist(NamedTuple):
         """This process's share of a step's micro-batches: the global batch is the same at every
         world size, so the count must divide by it."""
         if total % self.world:
-            raise UserError(f"gradient_accumulation_steps {total} is not divisible by the "
-                            f"world size {self.world}: the global batch must be the same at "
-                            "every world size")
+            fits = -(-total // self.world) * self.world
+            raise SameOnEveryRank(f"gradient_accumulation_steps {total} is not divisible by the "
+                                  f"world size {self.world}: use a multiple of it, such as "
+                                  f"--gradient_accumulation_steps={fits} (the global batch is "
+                                  "the same at every world size)")
         return total // self.world
 
 

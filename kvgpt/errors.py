@@ -17,6 +17,11 @@ class UserError(Exception):
     """A failure the user can fix: printed as one line, no traceback, exit code 2."""
 
 
+class SameOnEveryRank(UserError):
+    """A UserError that every process of a torchrun meets alike (the settings, the world size):
+    rank 0 alone prints it, so it is said once; the others exit with the same code."""
+
+
 @contextmanager
 def model_errors(source=None):
     """model.py imports nothing from this project (copy it anywhere), so it raises ValueError,
@@ -110,7 +115,8 @@ def run_main(main):
             sys.exit(2)
         if not isinstance(e, UserError):  # from a read or a write: only some errors tell which
             e = fs_error(e, doing='write' if e.errno in WRITES_ONLY else 'read or write')
-        print(f"error: {e}", file=sys.stderr)
+        if not (isinstance(e, SameOnEveryRank) and os.environ.get('RANK', '0') != '0'):
+            print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -1343,3 +1343,19 @@ def test_full_val_loss_is_every_val_token_once(data_root, tmp_path):
                for e in files.read_jsonl(out / 'log.jsonl') if e['iter'] < 2)
     saved = json.loads((out / 'config.json').read_text())
     assert saved['params'] == model.get_num_params() and saved['model_args']['n_layer'] == 1
+
+
+@pytest.mark.xdist_group('torchrun')
+@pytest.mark.long
+@pytest.mark.slow
+def test_an_accumulation_the_world_size_does_not_divide_is_said_once_with_the_value(data_root,
+                                                                                    tmp_path):
+    cmd = [*TORCHRUN, '--standalone', '--nproc_per_node=2', 'train.py',
+           *argv(data_root, tmp_path / 'two', gradient_accumulation_steps=3)]
+    r = subprocess.run(cmd, cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                       capture_output=True, text=True, timeout=300)
+    ours = [line for line in r.stderr.splitlines() if line.startswith('error:')]
+    assert ours == ["error: gradient_accumulation_steps 3 is not divisible by the world size 2: "
+                    "use a multiple of it, such as --gradient_accumulation_steps=4 (the global "
+                    "batch is the same at every world size)"], r.stderr[-3000:]
+    assert not (tmp_path / 'two').exists()
