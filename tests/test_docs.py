@@ -259,11 +259,14 @@ def test_every_python_file_keeps_lines_under_100_characters(name):
 
 
 def test_the_docs_say_what_a_cpu_user_and_a_launcher_see():
-    """Sampling on a busy CPU wants one thread; llm.c shards on a CPU are slow; torchrun's own
-    exit code on a signal is not the run's."""
+    """A busy CPU wants one thread, said beside the first run and its sample; two processes on
+    a CPU; llm.c shards on a CPU are slow; torchrun's own exit code on a signal is not the
+    run's."""
     readme = open(os.path.join(HERE, 'README.md')).read()
     training = open(os.path.join(HERE, 'docs', 'training.md')).read()
-    assert 'OMP_NUM_THREADS=1' in readme[readme.index('## Sampling'):]
+    first_run = readme[readme.index('## Install'):readme.index('## The variants')]
+    assert 'OMP_NUM_THREADS=1' in first_run and 'python sample.py' in first_run  # beside both
+    assert 'torchrun --standalone --nproc_per_node=2 train.py config/demo.py' in first_run
     shards = training[training.index('A folder of llm.c'):]
     assert 'seconds a step' in shards[:1200]
     assert 'SIGTERM to one worker' in training and 'SignalException' in training
