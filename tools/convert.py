@@ -38,22 +38,22 @@ quiet_imports(__name__)
 
 import torch
 
-from kvgpt.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from kvgpt.config import Kind, defaults, keys, parse_config
+from kvgpt.checkpoint import load_checkpoint, save_checkpoint
+from kvgpt.config import defaults, keys, parse_config
 from kvgpt.data import open_dataset
 from kvgpt.errors import UserError, run_main
 from lab.probes import param_breakdown
+from tools import read_run, run_keys
 from model import GPT, GPTConfig
 
-KEYS = keys(
-    in_dir=('out', "the standard checkpoint to convert (in_dir/ckpt.pt)"),
-    out_dir=(None, "where the W_Q = I checkpoint goes; None: in_dir + '-qid'", Kind(str)),
+KEYS = {**run_keys("the standard checkpoint to convert", "where the W_Q = I checkpoint goes",
+                   '-qid'), **keys(
     approximate=(False, "allow the settings where the conversion cannot be exact"),
     max_cond=(1e6, "refuse a W_Q whose condition number is larger"),
     data_root=('data', "held-out tokens for the check: data_root/<checkpoint's dataset>/val.bin"),
     check_tokens=(4096, "held-out tokens on which both models' logits are compared"),
     seed=(1337, "which held-out windows the check reads"),
-)
+)}
 DEFAULTS = defaults(KEYS)
 
 
@@ -179,9 +179,7 @@ def check_out_dir(out_dir, in_dir):
 
 
 def convert(c):
-    out_dir = c['out_dir'] or c['in_dir'].rstrip('/') + '-qid'
-    check_out_dir(out_dir, c['in_dir'])
-    src, ckpt = model_from_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'), verbose=False)
+    out_dir, src, ckpt = read_run(c, '-qid', check_out_dir)
     cfg = src.config
     if cfg.query != 'linear':
         raise UserError(f"the checkpoint's query is '{cfg.query}', not a linear W_Q: only a "

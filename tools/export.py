@@ -25,16 +25,14 @@ quiet_imports(__name__)
 
 import torch
 
-from kvgpt.checkpoint import model_from_checkpoint
-from kvgpt.config import Kind, defaults, keys, parse_config
+from kvgpt.config import defaults, keys, parse_config
 from kvgpt.errors import UserError, run_main
+from tools import read_run, run_keys
 
-KEYS = keys(
-    in_dir=('out', "the run to export (in_dir/ckpt.pt)"),
-    out_dir=(None, "the Hugging Face folder; None: in_dir + '-hf'", Kind(str)),
+KEYS = {**run_keys("the run to export", "the Hugging Face folder", '-hf'), **keys(
     check_tokens=(256, "random tokens on which the export's logits are compared with kvgpt's"),
     seed=(1337, "the random tokens of the check"),
-)
+)}
 DEFAULTS = defaults(KEYS)
 HF_ACTIVATION = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}
 # tiktoken's cache key
@@ -175,9 +173,7 @@ def check_out_dir(out_dir, in_dir):
 
 
 def export(c):
-    out_dir = c['out_dir'] or c['in_dir'].rstrip('/') + '-hf'
-    check_out_dir(out_dir, c['in_dir'])
-    model, ckpt = model_from_checkpoint(os.path.join(c['in_dir'], 'ckpt.pt'), verbose=False)
+    out_dir, model, ckpt = read_run(c, '-hf', check_out_dir)
     model = model.float().eval()
     tokenizer = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')  # nanoGPT checkpoints: GPT-2 BPE
     reason = refusal(model.config, tokenizer)
