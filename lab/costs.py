@@ -314,7 +314,8 @@ def attention_by(kernel, q, k, v, sdpa_kernel):
 
 def bench_summary(c):
     """results.json and results.md in the folder json_out from the JSON lines the other modes
-    appended there (bench_train.jsonl, bench_sample.jsonl) and the train.py run in run_dir."""
+    appended there (bench_train.jsonl, bench_muon.jsonl, bench_sample.jsonl) and the train.py run
+    in run_dir."""
     folder = c['json_out']
     if not folder or not os.path.isdir(folder):
         raise UserError("summary mode needs --json_out=FOLDER holding the JSON lines of the other "
@@ -322,7 +323,7 @@ def bench_summary(c):
     path = lambda name: os.path.join(folder, name)
     read = lambda name: read_jsonl(path(name)) if os.path.exists(path(name)) else []
     summary = dict(date=time.strftime('%Y-%m-%d'), train=read('bench_train.jsonl'),
-                   sample=read('bench_sample.jsonl'))
+                   muon=read('bench_muon.jsonl'), sample=read('bench_sample.jsonl'))
     run_log = os.path.join(c['run_dir'], 'log.jsonl') if c['run_dir'] else None
     if run_log and os.path.exists(run_log):  # absent when the run's part failed or was left out
         log = read_jsonl(run_log)
@@ -351,6 +352,12 @@ def summary_markdown(s):
                     f"| {r['ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {mfu} "
                     f"| {r['ms_per_step'] / base['ms_per_step']:.3f} "
                     f"| {r['flops_per_token'] / base['flops_per_token']:.3f} | {peak} |")
+    steps = {r['variant']: r['ms_per_step'] for r in s.get('muon', [])}
+    for variant in dict.fromkeys(v.rsplit(' ', 1)[0] for v in steps):
+        if f'{variant} adamw' in steps and f'{variant} muon' in steps:
+            rows += ['', f"Muon against AdamW ({variant}): {steps[f'{variant} muon']:.1f} against "
+                     f"{steps[f'{variant} adamw']:.1f} ms/step, "
+                     f"{steps[f'{variant} muon'] / steps[f'{variant} adamw']:.3f}x"]
     for r in s['sample']:
         rows += ['', f"KV-cache decoding ({r['variant']}, {r['dtype']}, compile={r['compile']}, "
                  f"attention kernels {r.get('decoding_attention', 'kvgpt')}'s): "

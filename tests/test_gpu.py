@@ -3,6 +3,7 @@ are skipped with their reason elsewhere; the rest are the CPU regression tests o
 CUDA path found, and the dry run of gpu_check.sh."""
 import contextlib
 import json
+import re
 import os
 import subprocess
 
@@ -195,6 +196,9 @@ def test_gpu_check_dry_run_writes_its_results(tmp_path):
     md = (tmp_path / 'results.md').read_text()
     assert '| reduced | cpu | float32 | False |' in md
     assert 'KV-cache decoding' in md and 'with a resume' in md
+    assert [r['variant'] for r in results['muon']] == ['baseline adamw', 'baseline muon',
+                                                        'reduced adamw', 'reduced muon']
+    assert re.search(r'Muon against AdamW \(reduced\): [\d.]+ against [\d.]+ ms/step', md)
     pytest_out = (tmp_path / 'pytest.txt').read_text()
     if not torch.cuda.is_available():
         assert 'needs a CUDA GPU' in pytest_out and ' skipped' in pytest_out

@@ -4,7 +4,7 @@
 #   bash tools/gpu_check.sh             # on a CUDA machine: GPT-2 small, bf16, compiled
 #   DRY_RUN=1 bash tools/gpu_check.sh   # the same steps, tiny sizes, on CPU (the tests run it)
 #   PARTS="bench run" bash tools/gpu_check.sh   # only these parts (a rerun after one failed)
-# Steps: 1. pytest -m cuda; 2. bench.py train steps, variants alternated; 3. torchrun training of
+# Steps: 1. pytest -m cuda; 2. bench.py train steps, variants alternated, and Muon beside AdamW; 3. torchrun training of
 # config/reduced.py on the embedded corpus with GPT-2 BPE (bytes in the dry run) (NCCL, compile, bf16, checkpoint, resume);
 # 4. KV-cache sampling against recomputation, generate()'s attention kernels beside torch's choice.
 # Every part runs even when one before it fails (a GPU lease is short: one call should tell all it
@@ -29,7 +29,7 @@ else
   TRAIN="--batch_size=16 --gradient_accumulation_steps=1"
   STEPS=60; SAMPLE="--max_new_tokens=500"; TOK=gpt2
 fi
-PARTS=${PARTS:-tests bench run sample}
+PARTS=${PARTS:-tests bench muon run sample}
 : > "$OUT/failed.txt"
 run() { echo "== $*" | tee -a "$OUT/log.txt"; "$@" 2>&1 | tee -a "$OUT/log.txt"; }
 # part NAME COMMAND...: runs a part if PARTS names it, times it, records a failure and goes on
@@ -47,9 +47,12 @@ tests() {
   python -m pytest -m cuda -q -rs -n 0 -p no:cacheprovider tests/test_gpu.py > "$OUT/pytest.txt"
   local rc=$?; tail -n 15 "$OUT/pytest.txt" | tee -a "$OUT/log.txt"; return $rc
 }
-# 2. training steps, side by side
+# 2. training steps, side by side; then a Muon step beside AdamW's (each its own compiled model)
 bench_steps() {
   run python bench.py --variants=baseline,reduced,reduced_mlp,nonlinear $BENCH --json_out="$OUT/bench_train.jsonl"
+}
+bench_muon() {
+  run python bench.py --variants=baseline,reduced --optimizers=adamw,muon $BENCH --json_out="$OUT/bench_muon.jsonl"
 }
 # 3. a short real run under torchrun, then a resume
 R=${RUN_DIR:-$OUT/run}  # the run's folder (its checkpoint is large: RUN_DIR can put it elsewhere)
@@ -71,6 +74,7 @@ sample_speed() {
 }
 part tests tests
 part bench bench_steps
+part muon bench_muon
 part run short_run
 part sample sample_speed
 # the summary of whatever the parts above wrote
