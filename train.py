@@ -1,7 +1,7 @@
 """
 Train a kvgpt model, on one device or many:
 
-    python train.py config/demo.py                      # CPU, the embedded corpus, ~3 minutes
+    python train.py config/cpu/demo.py                      # CPU, the embedded corpus, ~3 minutes
     python train.py config/reduced.py --batch_size=8    # config files, then --key=value overrides
     torchrun --standalone --nproc_per_node=8 train.py config/reduced.py
 

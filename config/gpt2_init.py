@@ -1,5 +1,5 @@
 # GPT-2 small's init geometry at any width (model.py applies it at the final n_embd):
-#   python train.py config/small.py config/gpt2_init.py config/reduced.py
+#   python train.py config/cpu/small.py config/gpt2_init.py config/reduced.py
 # GPT-2 draws every weight with std 0.02 at n_embd 768, so a unit-variance input leaves a
 # projection with RMS 0.02 * sqrt(768) = 0.55 per coordinate. Keeping that product, not the
 # std, keeps the attention logits' starting size: at n_embd 128 the std is 0.049, and there the

@@ -214,7 +214,7 @@ def named_files(path, names):
     names = (names,) if isinstance(names, str) else names
     if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
         raise UserError(f"{path}: include and stacked_on name files as strings")
-    return [os.path.join(os.path.dirname(path), name) for name in names]
+    return [os.path.normpath(os.path.join(os.path.dirname(path), name)) for name in names]
 
 
 def print_overrides(config, defaults):

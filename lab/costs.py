@@ -51,7 +51,7 @@ KEYS = dict(bench.KEYS, **keys(  # bench's: the geometry, the variants, the devi
     repeat=(10, "prepare mode: copies of pydocs in the corpus"),
     run_dir=(None, "summary mode: a train.py run to summarise too (json_out: the folder)",
              Kind(str)),
-    eval_interval=(250, "diagnostics mode: steps between evaluations (config/demo.py's)"),
+    eval_interval=(250, "diagnostics mode: steps between evaluations (config/cpu/demo.py's)"),
     study=('lab/studies/v3.py', "runs mode: the study whose baseline run is timed"),
     dtypes=('float32,bfloat16', "runs mode: the dtypes compared"),
     layouts=('1x2,2x1', "runs mode: jobs x threads per job, side by side"),

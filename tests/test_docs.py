@@ -266,7 +266,7 @@ def test_the_docs_say_what_a_cpu_user_and_a_launcher_see():
     training = open(os.path.join(HERE, 'docs', 'training.md')).read()
     first_run = readme[readme.index('## Install'):readme.index('## The variants')]
     assert 'OMP_NUM_THREADS=1' in first_run and 'python sample.py' in first_run  # beside both
-    assert 'torchrun --standalone --nproc_per_node=2 train.py config/demo.py' in first_run
+    assert 'torchrun --standalone --nproc_per_node=2 train.py config/cpu/demo.py' in first_run
     shards = training[training.index('A folder of llm.c'):]
     assert 'seconds a step' in shards[:1200]
     assert 'SIGTERM to one worker' in training and 'SignalException' in training

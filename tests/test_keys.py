@@ -177,11 +177,11 @@ def model_of(argv):
 
 def test_the_reduced_model_followed_by_a_smaller_head_trains_at_its_own_halved_scale():
     from model import GPT
-    c, cfg = model_of(['config/small.py', 'config/reduced.py', '--n_head=2'])
+    c, cfg = model_of(['config/cpu/small.py', 'config/reduced.py', '--n_head=2'])
     assert cfg.head_dim == 64 and cfg.scale == 1 / (2 * 64 ** 0.5)  # not 1/(2 sqrt(32))
     model = GPT(cfg, verbose=False)
     assert model.transformer.h[0].attn.scale == 1 / 16
-    _, cfg = model_of(['config/small.py', 'config/nonlinear.py', '--n_head=2'])
+    _, cfg = model_of(['config/cpu/small.py', 'config/nonlinear.py', '--n_head=2'])
     assert cfg.scale == 1 / 16  # the follow-up's halved scale, at the final head size too
 
 
@@ -189,13 +189,14 @@ def test_the_reduced_model_followed_by_a_smaller_head_trains_at_its_own_halved_s
 def test_a_width_a_file_derives_follows_a_later_n_embd(n_embd):
     _, cfg = model_of(['config/baseline_small.py', f'--n_embd={n_embd}', '--n_head=4'])
     assert cfg.n_embd == n_embd and cfg.mlp_hidden == 4 * n_embd  # the MLP of its own width
-    _, cfg = model_of(['config/small.py', 'config/reduced_mlp.py', f'--n_embd={n_embd}'])
+    _, cfg = model_of(['config/cpu/small.py', 'config/reduced_mlp.py', f'--n_embd={n_embd}'])
     assert cfg.mlp_hidden == 4 * n_embd + n_embd // 2  # 4.5 x the width, as the file says
-    _, cfg = model_of(['config/small.py', 'config/baseline_small_mlp.py', f'--n_embd={n_embd}'])
+    _, cfg = model_of(['config/cpu/small.py', 'config/baseline_small_mlp.py',
+                       f'--n_embd={n_embd}'])
     assert cfg.mlp_hidden == 4 * n_embd - n_embd // 2  # 3.5 x
-    _, cfg = model_of(['config/small.py', 'config/gpt2_init.py', f'--n_embd={n_embd}'])
+    _, cfg = model_of(['config/cpu/small.py', 'config/gpt2_init.py', f'--n_embd={n_embd}'])
     assert cfg.init_std == 0.02 * (768 / n_embd) ** 0.5
-    _, cfg = model_of(['config/small.py', 'config/gpt2_init.py'])  # no later key: as before
+    _, cfg = model_of(['config/cpu/small.py', 'config/gpt2_init.py'])  # no later key: as before
     assert cfg.init_std == 0.02 * (768 / 128) ** 0.5
 
 
@@ -249,21 +250,21 @@ def test_config_files_state_choices_not_values_derived_from_other_keys():
     import train
     from kvgpt.config import CONFIG_DIR
     from kvgpt.config import run_config_file
-    for name in sorted(os.listdir(CONFIG_DIR)):
-        made = run_config_file(os.path.join(CONFIG_DIR, name), dict(train.DEFAULTS))
+    for name in sorted(glob.glob(os.path.join(CONFIG_DIR, '**', '*.py'), recursive=True)):
+        made = run_config_file(name, dict(train.DEFAULTS))
         derived = {'mlp_hidden', 'attn_scale', 'init_std', 'query_rank', 'n_kv_head'} & set(made)
         assert not derived, (name, derived)
 
 
 def test_a_file_stacked_on_another_is_refused_alone_in_one_line(command_line):
     import train
-    code, err = command_line(train, ['config/repro.py', '--max_iters=1'])
+    code, err = command_line(train, ['config/lab/repro.py', '--max_iters=1'])
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert 'config/repro.py is stacked on config/small.py: name that file before it' in err
-    code, err = command_line(train, ['config/small.py', 'config/repro_v3.py'])
-    assert code == 2 and 'config/repro_v3.py is stacked on config/repro.py' in err
-    c = train.settings(['config/small.py', 'config/repro.py', 'config/gpt2_init.py',
-                        'config/repro_v3.py'])
+    assert 'config/lab/repro.py is stacked on config/cpu/small.py: name that file before it' in err
+    code, err = command_line(train, ['config/cpu/small.py', 'config/lab/repro_v3.py'])
+    assert code == 2 and 'config/lab/repro_v3.py is stacked on config/lab/repro.py' in err
+    c = train.settings(['config/cpu/small.py', 'config/lab/repro.py', 'config/gpt2_init.py',
+                        'config/lab/repro_v3.py'])
     assert c['dataset'] == 'pysource' and c['n_head'] == 2
 
 
@@ -276,12 +277,12 @@ def test_an_include_that_names_no_file_is_one_line(tmp_path, command_line):
 
 def test_a_file_that_includes_its_base_is_that_base_named_first():
     import train
-    alone = train.settings(['config/demo.py'])
-    stacked = train.settings(['config/small.py', 'config/demo.py'])
+    alone = train.settings(['config/cpu/demo.py'])
+    stacked = train.settings(['config/cpu/small.py', 'config/cpu/demo.py'])
     assert alone == stacked and alone['dataset'] == 'pydocs' and alone['query'] == 'identity'
     # so a file stacked on that base may follow it, as it may follow the base itself
-    assert train.settings(['config/demo.py', 'config/repro.py']) == train.settings(
-        ['config/small.py', 'config/demo.py', 'config/repro.py'])
+    assert train.settings(['config/cpu/demo.py', 'config/lab/repro.py']) == train.settings(
+        ['config/cpu/small.py', 'config/cpu/demo.py', 'config/lab/repro.py'])
     for f in glob.glob(os.path.join(HERE, 'config', '*.py')):  # none stacks by a Python import
         assert 'import' not in open(f).read(), f
 

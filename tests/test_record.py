@@ -2,6 +2,7 @@
 damaged data and a signal mid-evaluation each end in one line (or 128 + the signal's number) with
 the run's files as they were; and a single text file is a corpus."""
 import contextlib
+import glob
 import json
 import os
 import re
@@ -662,8 +663,8 @@ def test_hellaswag_scores_reach_the_console_as_well_as_the_log(data_root, tmp_pa
 def test_the_w_and_b_run_name_defaults_to_the_out_dir_for_every_variant():
     """A variant file names no W&B run: two runs of config/reduced.py in two out_dirs are two
     W&B runs with two names, not two runs called 'reduced'."""
-    for f in os.listdir(os.path.join(HERE, 'config')):
-        made = run_config_file(os.path.join(HERE, 'config', f), dict(train.DEFAULTS))
+    for f in glob.glob(os.path.join(HERE, 'config', '**', '*.py'), recursive=True):
+        made = run_config_file(f, dict(train.DEFAULTS))
         assert 'wandb_run_name' not in made, f
     assert 'wandb/' in open(os.path.join(HERE, '.gitignore')).read().split()
 

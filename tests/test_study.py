@@ -131,11 +131,11 @@ def test_a_spike_is_a_rise_of_the_fixed_window_loss_or_a_non_finite_loss():
 
 def test_a_study_file_declares_only_what_the_runner_reads(tmp_path):
     bad = tmp_path / 'bad.py'
-    bad.write_text("name = 'x'\nbase = ('config/small.py',)\narms = dict(a=dict())\n"
+    bad.write_text("name = 'x'\nbase = ('config/cpu/small.py',)\narms = dict(a=dict())\n"
                    "phases = []\nseeds = (1, 2)\n")
     with pytest.raises(P.UserError, match='unknown declaration.*seeds.*UPPERCASE'):
         P.load_study(str(bad))
-    bad.write_text("name = 'x'\nbase = ('config/small.py',)\n"
+    bad.write_text("name = 'x'\nbase = ('config/cpu/small.py',)\n"
                    "arms = dict(a=dict(lr=1e-3, weight_decay=0.1))\n"
                    "phases = [dict(name='t', kind='at', arms=('b',), seeds=(1,))]\n")
     with pytest.raises(P.UserError, match="unknown arms \\['b'\\]"):
@@ -382,7 +382,7 @@ def test_v4_reuses_v3s_runs_only_where_the_commands_agree(tmp_path):
 
 
 def test_a_cosine_horizon_left_to_max_iters_matches_one_written_out():
-    """config/small.py now leaves lr_decay_iters None; a run committed when it said 1200 beside
+    """config/cpu/small.py now leaves lr_decay_iters None; a run committed when it said 1200 beside
     max_iters 1200 was the same run, and one whose horizon was elsewhere was not."""
     import train
     saved = P.comparable(dict(train.DEFAULTS, max_iters=1200, lr_decay_iters=1200))
@@ -453,7 +453,7 @@ def tiny_study(tmp_path, data_root, endless=False):
     (tmp_path / 'study.py').write_text(f'''"""A tiny study: reduced against the baseline."""
 name = 'tiny'
 docs = {str(tmp_path / 'tiny.md')!r}
-base = ('config/small.py', {str(tmp_path / 'tiny.py')!r})
+base = ('config/cpu/small.py', {str(tmp_path / 'tiny.py')!r})
 arms = dict(baseline=dict(weight_decay=0.1, lr=2e-3), reduced=dict(weight_decay=2 ** -5, lr=2e-3))
 phases = [dict(name='test', kind='at', arms=('baseline', 'reduced'), seeds=(1, 2))]
 PAIR = [dict(label='(a)', arm='reduced', ref='baseline', seeds=(1, 2), family='one')]
@@ -492,14 +492,14 @@ AT = "phases = [dict(name='t', kind='at', arms=('a',), seeds=(1,))]\n"
 def test_a_study_files_mistakes_are_one_line_when_it_loads(tmp_path, body, words):
     # each once ended in a traceback, planned nothing, or failed only when train.py started
     bad = tmp_path / 'bad.py'
-    bad.write_text("name = 'x'\nbase = ('config/small.py',)\n" + body)
+    bad.write_text("name = 'x'\nbase = ('config/cpu/small.py',)\n" + body)
     with pytest.raises(P.UserError, match=f"^{re.escape(str(bad))}: .*{words}"):
         P.load_study(str(bad))
 
 
 def test_a_misspelt_reuse_a_table_given_wrong_parameters_and_no_docs_are_one_line(tmp_path):
     study = tmp_path / 's.py'
-    study.write_text("name = 'x'\nbase = ('config/small.py',)\n" + FIXED + AT
+    study.write_text("name = 'x'\nbase = ('config/cpu/small.py',)\n" + FIXED + AT
                      + "reuse = ('v44',)\ntables = dict(t=dict(kind='verdicts', comparison=[]))\n")
     s, root = P.load_study(str(study)), str(tmp_path / 'experiments')
     with pytest.raises(P.UserError, match=f"reuse names 'v44', but {root}/v44/ does not exist"):
@@ -894,7 +894,7 @@ def test_a_wsd_phase_names_each_stable_run_its_branches_and_the_checkpoints_they
 
 
 def test_a_wsd_phase_that_cannot_branch_is_refused(tmp_path):
-    body = ("name = 'w'\nbase = ('config/small.py',)\n"
+    body = ("name = 'w'\nbase = ('config/cpu/small.py',)\n"
             "arms = dict(a=dict(weight_decay=0.1, lr=1e-3, settings={settings}))\n"
             "phases = [dict(name='t', kind='wsd', arms=('a',), seeds=(1,), steps=100, "
             "branches={branches})]\n")
@@ -934,7 +934,7 @@ def test_a_wsd_study_runs_a_branch_off_its_stable_runs_kept_checkpoint(data_root
         "warmup_iters = 1", "eval_interval = 2", "log_interval = 1", ""]))
     (tmp_path / 'study.py').write_text(f'''"""A tiny wsd study."""
 name = 'tinywsd'
-base = ('config/small.py', {str(tmp_path / 'tiny.py')!r})
+base = ('config/cpu/small.py', {str(tmp_path / 'tiny.py')!r})
 WSD = dict(lr_schedule='wsd', cooldown_frac=0.5)
 arms = dict(baseline=dict(weight_decay=0.1, lr=2e-3, settings=WSD))
 phases = [dict(name='test', kind='wsd', arms=('baseline',), seeds=(1,), steps=16, branches=(8,))]

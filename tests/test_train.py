@@ -290,7 +290,7 @@ def test_paper_configs(name):
 
 
 def test_demo_config_parses():
-    c = train.settings([os.path.join(HERE, 'config', 'demo.py')])
+    c = train.settings([os.path.join(HERE, 'config', 'cpu', 'demo.py')])
     assert c['dataset'] == 'pydocs' and c['device'] == 'cpu' and c['query'] == 'identity'
 
 
@@ -303,17 +303,17 @@ def test_lr_schedule():
 
 
 def test_a_cosine_with_lr_decay_iters_none_ends_at_max_iters_wherever_that_is_set():
-    """config/small.py leaves the horizon to max_iters: a later --max_iters moves the cosine's end
-    with it, where a number copied from max_iters would leave it behind, at the floor."""
+    """config/cpu/small.py leaves the horizon to max_iters: a later --max_iters moves the cosine's
+    end with it, where a number copied from max_iters would leave it behind, at the floor."""
     c = dict(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=None, decay_lr=True,
              max_iters=110)
     assert [train.get_lr(it, c) for it in (10, 60, 110)] == pytest.approx([1.0, 0.55, 0.1])
-    longer = train.settings([os.path.join(HERE, 'config', 'small.py'), '--max_iters=4800'])
+    longer = train.settings([os.path.join(HERE, 'config', 'cpu', 'small.py'), '--max_iters=4800'])
     assert longer['lr_decay_iters'] is None
     assert train.get_lr(2450, longer) == pytest.approx((longer['learning_rate']
                                                         + longer['min_lr']) / 2)
     assert train.get_lr(4800, longer) == pytest.approx(longer['min_lr'])
-    small = train.settings([os.path.join(HERE, 'config', 'small.py')])  # its own 1200 steps
+    small = train.settings([os.path.join(HERE, 'config', 'cpu', 'small.py')])  # its own 1200 steps
     peak, floor = small['learning_rate'], small['min_lr']
     assert [train.get_lr(it, small) for it in (650, 1200)] == pytest.approx([(peak + floor) / 2,
                                                                             floor])
@@ -1336,7 +1336,7 @@ def test_followup_configs_state_its_protocol():
 
 def test_full_val_loss_is_every_val_token_once(data_root, tmp_path):
     out = tmp_path / 'run'
-    train.main(['config/small.py', f'--data_root={data_root}', '--dataset=tiny',
+    train.main(['config/cpu/small.py', f'--data_root={data_root}', '--dataset=tiny',
                 f'--out_dir={out}', '--max_iters=2', '--n_layer=1', '--block_size=32',
                 '--batch_size=4',
                 '--eval_interval=2', '--eval_iters=1'])

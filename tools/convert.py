@@ -2,9 +2,9 @@
 The paper's theorems as a tool: turn a trained standard checkpoint into a query='identity'
 one by a change of basis of the residual stream, and verify it.
 
-    python train.py config/theory.py               # first, a model the theorems cover (~2 min)
+    python train.py config/lab/theory.py               # first, a model the theorems cover (~2 min)
     python -m tools.convert --in_dir=out-theory    # writes out-theory-qid/ckpt.pt, exact
-    python train.py config/small.py --out_dir=out-small   # a standard pre-LN GPT (~4 min)
+    python train.py config/cpu/small.py --out_dir=out-small   # a standard pre-LN GPT (~4 min)
     python -m tools.convert --in_dir=out-small --approximate=True   # the best effort, its gap
 
 (The README's demo, out-demo, is W_Q = I already: there is nothing to convert.)

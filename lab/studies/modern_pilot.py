@@ -6,6 +6,6 @@ table. It plans no runs.
 """
 name = 'modern_pilot'
 docs = 'docs/experiments.md'
-base = ('config/small.py',)
+base = ('config/cpu/small.py',)
 arms = dict(baseline=dict(), reduced=dict())
 tables = dict(modern_pilot=dict(kind='pilot', folder='modern_pilot'))

@@ -8,7 +8,7 @@ seed.
 """
 name = 'verdict'
 docs = 'docs/experiments.md'
-base = ('config/small.py', 'config/repro.py')
+base = ('config/cpu/small.py', 'config/lab/repro.py')
 ARMS = ('baseline', 'reduced', 'reduced_mlp', 'nonlinear')  # config/<arm>.py, the reference first
 arms = {arm: dict(grid=(1e-3, 2e-3, 4e-3)) for arm in ARMS}  # weight decay tuned (None)
 tuning = dict(seeds=(100,), step=2.0, extend=3, wd_grid=(0.0, 2 ** -5, 0.1), wd_step=10 ** 0.5,

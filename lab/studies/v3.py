@@ -9,7 +9,8 @@ there first.
 """
 name = 'v3'
 docs = 'docs/experiments.md'
-base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
+base = ('config/cpu/small.py', 'config/lab/repro.py', 'config/gpt2_init.py',
+        'config/lab/repro_v3.py')
 # weight decay per arm, not tuned: the paper's 0.1 for the baselines, 2^-5 for W_Q = I
 GRID = (2e-3, 2.83e-3, 4e-3, 5.66e-3)
 arms = dict(

@@ -10,7 +10,8 @@ change it there first.
 """
 name = 'v4'
 docs = 'docs/experiments.md'
-base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
+base = ('config/cpu/small.py', 'config/lab/repro.py', 'config/gpt2_init.py',
+        'config/lab/repro_v3.py')
 reuse = ('v3',)  # v3's baseline and reduced runs: the same commands, so the same names
 ANNEAL = dict(warmup_iters=24, lr_decay_iters=1200)  # 2% warmup, the cosine ends at the last step
 ANNEAL_4X = dict(max_iters=4800, warmup_iters=96, lr_decay_iters=4800)  # 9.8M tokens

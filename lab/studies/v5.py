@@ -12,7 +12,8 @@ there first.
 """
 name = 'v5'
 docs = 'docs/experiments.md'
-base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
+base = ('config/cpu/small.py', 'config/lab/repro.py', 'config/gpt2_init.py',
+        'config/lab/repro_v3.py')
 reuse = ('v4',)  # v4's baseline_anneal and baseline_anneal4x runs: the same commands and names
 FULL = dict(attn_scale_factor=1.0)  # the standard 1/sqrt(d_head) = 1/8, not the paper's 1/16
 ANNEAL = dict(warmup_iters=24, lr_decay_iters=1200)  # 2% warmup, the cosine ends at the last step

@@ -10,7 +10,8 @@ design is the docs'; change it there first.
 """
 name = 'v6'
 docs = 'docs/experiments.md'
-base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
+base = ('config/cpu/small.py', 'config/lab/repro.py', 'config/gpt2_init.py',
+        'config/lab/repro_v3.py')
 reuse = ('v5', 'v4')  # the 1x and 4x references: the same commands and names
 FULL = dict(attn_scale_factor=1.0)  # the standard 1/sqrt(d_head) = 1/8, as v5
 ANNEAL = dict(warmup_iters=24, lr_decay_iters=1200)  # v4's and v5's 1x: 2.46M tokens

@@ -10,7 +10,8 @@ there first.
 """
 name = 'v7'
 docs = 'docs/experiments.md'
-base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
+base = ('config/cpu/small.py', 'config/lab/repro.py', 'config/gpt2_init.py',
+        'config/lab/repro_v3.py')
 reuse = ('v6', 'v5', 'v4')  # the cosine references of the check, by name
 FULL = dict(attn_scale_factor=1.0)  # the standard 1/sqrt(d_head) = 1/8, as v5 and v6
 # the cooldown is the last 20% of each budget; the warmup, 192 steps (2% of 8x), is every

@@ -9,7 +9,8 @@ the same commands. The design is the docs'; change it there first.
 """
 name = 'v8'
 docs = 'docs/experiments.md'
-base = ('config/small.py', 'config/repro.py', 'config/gpt2_init.py', 'config/repro_v3.py')
+base = ('config/cpu/small.py', 'config/lab/repro.py', 'config/gpt2_init.py',
+        'config/lab/repro_v3.py')
 reuse = ('v5', 'v4')  # the AdamW 4x pair: v4's baseline (301-308), v5's (309, 310) and W_Q = I
 FULL = dict(attn_scale_factor=1.0)  # the standard 1/sqrt(d_head) = 1/8, as v5
 ANNEAL_4X = dict(max_iters=4800, warmup_iters=96, lr_decay_iters=4800)  # 9.83M tokens

@@ -1,9 +1,9 @@
 # The paper's exact setting for W_Q elimination in every layer (theorem 4.2), on the CPU base of
-# config/small.py: no LayerNorm, skip connections around the attention only. A standard (full
+# config/cpu/small.py: no LayerNorm, skip connections around the attention only. A standard (full
 # W_Q) model; then `python -m tools.convert --in_dir=out-theory` rewrites it with W_Q = I and
 # identical outputs. Untied embeddings: a non-orthogonal change of basis cannot keep the LM head
 # tied to the token embedding.
-include = 'small.py'  # as if `config/small.py` came first on the command line
+include = '../cpu/small.py'  # as if `config/cpu/small.py` came first on the command line
 
 out_dir = 'out-theory'
 norm = False

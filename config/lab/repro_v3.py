@@ -1,7 +1,8 @@
-# The scaled-down setting of experiment v3 (docs/experiments.md), stacked on config/small.py,
-# config/repro.py and config/gpt2_init.py:
-#   python train.py config/small.py config/repro.py config/gpt2_init.py config/repro_v3.py
-stacked_on = ('small.py', 'repro.py', 'gpt2_init.py')
+# The scaled-down setting of experiment v3 (docs/experiments.md), stacked on config/cpu/small.py,
+# config/lab/repro.py and config/gpt2_init.py:
+#   python train.py config/cpu/small.py config/lab/repro.py config/gpt2_init.py \
+#       config/lab/repro_v3.py
+stacked_on = ('../cpu/small.py', 'repro.py', '../gpt2_init.py')
 # It changes what repro.py sets in three ways:
 # - data: 'pysource', the standard library's own source (11.5M train bytes), so that even the
 #   2x runs (4.9M tokens) see no token twice in expectation; pydocs (2.26M) would repeat;

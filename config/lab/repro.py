@@ -1,6 +1,6 @@
-# The scaled-down setting of docs/experiments.md, stacked on config/small.py:
-#   python train.py config/small.py config/repro.py --query=identity --weight_decay=0.03125
-stacked_on = 'small.py'  # alone it would train OpenWebText with 2 heads of 384: refused
+# The scaled-down setting of docs/experiments.md, stacked on config/cpu/small.py:
+#   python train.py config/cpu/small.py config/lab/repro.py --query=identity --weight_decay=0.03125
+stacked_on = '../cpu/small.py'  # alone it would train OpenWebText with 2 heads of 384: refused
 # What it keeps from the paper's setting (the design says why each matters):
 # - head size 64 (2 heads of n_embd 128), the size for which the paper chose the 1/(2 sqrt(hd))
 #   scale;

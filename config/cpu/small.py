@@ -1,7 +1,7 @@
-# The CPU base that config/demo.py, config/theory.py and config/repro.py build on: 4 layers,
-# 4 heads, n_embd 128 (head size 32) on the embedded 'pydocs' corpus, byte-level, 1200 steps of
-# 32 x 128 tokens (4.9M tokens, about two passes over the 2.26M training tokens). Every run sees
-# the same batches (data_seed) and starts from the same seed.
+# The CPU base that config/cpu/demo.py, config/lab/theory.py and config/lab/repro.py build on:
+# 4 layers, 4 heads, n_embd 128 (head size 32) on the embedded 'pydocs' corpus, byte-level, 1200
+# steps of 32 x 128 tokens (4.9M tokens, about two passes over the 2.26M training tokens). Every
+# run sees the same batches (data_seed) and starts from the same seed.
 dataset = 'pydocs'
 device = 'cpu'
 compile = False
