@@ -40,7 +40,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from evals import hellaswag
 from kvgpt import checkpoint, distributed
 from kvgpt.checkpoint import load_optimizer_state, model_from_checkpoint, save_checkpoint
-from kvgpt.config import Key, Kind, defaults, keys, parse_config, print_overrides
+from kvgpt.config import (BELOW_ONE, FRACTION, NOT_NEGATIVE, POSITIVE, STEPS, Key, Kind,
+                          defaults, keys, parse_config, print_overrides)
 from kvgpt.data import Dataset, check_fits, check_same_data, open_or_prepare
 from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
@@ -64,10 +65,12 @@ KEYS = {**keys(
               "optimizer, this run's schedule and dropout, any data in its tokenizer (as gpt2* "
               "always does)"),
     overwrite=(False, "True: a fresh start (scratch, GPT-2, a branch) may replace out_dir's run"),
-    eval_interval=(1000, "steps between evaluations (and checkpoints)"),
-    eval_iters=(200, "batches per split in each evaluation"),
+    eval_interval=(1000, "steps between evaluations (and checkpoints)",
+                   Kind(int, within=POSITIVE)),
+    eval_iters=(200, "batches per split in each evaluation", Kind(int, within=POSITIVE)),
     eval_only=(False, "evaluate the checkpoint (and the full val loss) into eval.jsonl; stop"),
-    log_interval=(10, "steps between log lines (loss, gradient norm, step time)"),
+    log_interval=(10, "steps between log lines (loss, gradient norm, step time)",
+                  Kind(int, within=POSITIVE)),
     probe=(None, "a module whose probe(data, c, device) adds to each evaluation", Kind(str)),
     hellaswag=(None, "a HellaSwag .jsonl, or 'download': scored at the end (evals/)", Kind(str)),
     hellaswag_interval=(0, "also score it at evaluations every this many steps; 0: the end only"),
@@ -75,7 +78,8 @@ KEYS = {**keys(
     always_save_checkpoint=(True, "False: save only when val loss improves (nanoGPT's option); "
                             "a signal still saves the resume point, keeping the best as "
                             "ckpt_best.pt"),
-    keep_checkpoints=((50000, 100000, 105000), "steps whose ckpt_<step>.pt is kept (authors')"),
+    keep_checkpoints=((50000, 100000, 105000), "steps whose ckpt_<step>.pt is kept (authors')",
+                      Kind(tuple, within=STEPS)),
     wandb_log=(False, "also log to Weights & Biases (pip install wandb); a resume continues it"),
     wandb_project=('kvgpt', "the W&B project"),
     wandb_run_name=(None, "the W&B run name; None: the out_dir's name", Kind(str)),
@@ -84,10 +88,12 @@ KEYS = {**keys(
     'data',
     dataset=('openwebtext', "data_root/<dataset>/ by prepare.py (pydocs, pysource: made here)"),
     data_root=('data', "where prepared datasets live"),
-    data_seed=(1337, "the batches of step k depend on (data_seed, k) only"),
-    gradient_accumulation_steps=(40, "in total, over all processes"),
-    batch_size=(12, "micro-batch per process"),
-    block_size=(1024, "tokens per window; from scratch the model's context (resumed: its own)"),
+    data_seed=(1337, "the batches of step k depend on (data_seed, k) only",
+               Kind(int, within=NOT_NEGATIVE)),  # numpy's generator takes no negative seed
+    gradient_accumulation_steps=(40, "in total, over all processes", Kind(int, within=POSITIVE)),
+    batch_size=(12, "micro-batch per process", Kind(int, within=POSITIVE)),
+    block_size=(1024, "tokens per window; from scratch the model's context (resumed: its own)",
+                Kind(int, within=POSITIVE)),
 ), **keys(
     'model',  # every GPTConfig field (below); these three train.py resolves itself
     vocab_size=(None, "None: the dataset's, rounded up to 64s (gpt2: 50304)", Kind(int)),
@@ -98,28 +104,33 @@ KEYS = {**keys(
     optimizer=('adamw', "adamw; or muon: Muon on the blocks' matrices (W_Q, W_K, W_V, W_O, the "
                "MLP's: each on its own), AdamW on embeddings, head, norms, biases",
                Kind(str, OPTIMIZERS)),
-    learning_rate=(6e-4, "the peak learning rate (AdamW's; Muon's too unless muon_lr)"),
+    learning_rate=(6e-4, "the peak learning rate (AdamW's; Muon's too unless muon_lr)",
+                   Kind(float, within=NOT_NEGATIVE)),
     weight_decay=(0.1, "decoupled (each step: x (1 - lr x this)), on matrices and embeddings "
-                  "(none on norms and biases); under Muon too"),
-    beta1=(0.9, "AdamW's first-moment decay"),
-    beta2=(0.95, "AdamW's second-moment decay"),
+                  "(none on norms and biases); under Muon too",
+                  Kind(float, within=NOT_NEGATIVE)),
+    beta1=(0.9, "AdamW's first-moment decay", Kind(float, within=BELOW_ONE)),
+    beta2=(0.95, "AdamW's second-moment decay", Kind(float, within=BELOW_ONE)),
     grad_clip=(1.0, "clip the global gradient norm to this; 0 disables"),
     muon_lr=(None, "Muon's peak LR, on learning_rate's schedule; None: learning_rate (one LR "
              "for both, as muon_scale=match_rms_adamw means)", Kind(float, optional=True)),
     muon_scale=('match_rms_adamw', "Muon's LR per matrix: match_rms_adamw (x 0.2 sqrt(max "
                 "side): AdamW's LR and decay carry over) or original (x sqrt(max(1, rows/cols)):"
                 " Jordan's, muon_lr ~0.02)", Kind(str, MUON_SCALES)),
-    muon_momentum=(0.95, "Muon's momentum (Nesterov)"),
+    muon_momentum=(0.95, "Muon's momentum (Nesterov)", Kind(float, within=BELOW_ONE)),
 ), **keys(
     'schedule',
-    max_iters=(105002, "steps to train: the run stops when iter_num reaches it (the authors')"),
+    max_iters=(105002, "steps to train: the run stops when iter_num reaches it (the authors')",
+               Kind(int, within=POSITIVE)),
     decay_lr=(True, "False: the peak learning rate throughout"),
     lr_schedule=('cosine', "cosine, or wsd (warmup-stable-decay)", Kind(str, ('cosine', 'wsd'))),
-    warmup_iters=(2000, "linear warmup steps"),
+    warmup_iters=(2000, "linear warmup steps", Kind(int, within=NOT_NEGATIVE)),
     lr_decay_iters=(600000, "the cosine reaches min_lr here (past max_iters: it ends before); "
                     "None: at max_iters, whatever sets it", Kind(int, optional=True)),
-    min_lr=(6e-5, "the floor: the cosine's, or where the wsd cooldown ends"),
-    cooldown_frac=(0.2, "wsd: the last fraction of max_iters that cools down from the peak"),
+    min_lr=(6e-5, "the floor: the cosine's, or where the wsd cooldown ends",
+            Kind(float, within=NOT_NEGATIVE)),
+    cooldown_frac=(0.2, "wsd: the last fraction of max_iters that cools down from the peak",
+                   Kind(float, within=FRACTION)),
     cooldown_shape=('linear', "wsd: linear, or 1-sqrt", Kind(str, ('linear', '1-sqrt'))),
 ), **keys(
     'system',
@@ -151,27 +162,12 @@ def settings(argv=None):
     if c.pop('query_identity'):
         with model_errors('config'):
             c['query'] = upgrade_query({'query': c['query'], 'query_identity': True})['query']
-    for key in ('batch_size', 'block_size', 'max_iters', 'eval_interval', 'eval_iters',
-                'log_interval', 'gradient_accumulation_steps'):
-        if c[key] < 1:
-            raise UserError(f"{key} must be positive, got {c[key]}")
-    for key in ('learning_rate', 'min_lr', 'weight_decay', 'data_seed', 'warmup_iters'):
-        if c[key] < 0:  # AdamW and numpy's generator refuse them with a traceback
-            raise UserError(f"{key} must not be negative, got {c[key]}")
     if c['muon_lr'] is not None and not (c['muon_lr'] > 0 and c['learning_rate'] > 0):
         raise UserError(f"muon_lr and learning_rate must be positive (Muon's LR follows "
                         f"learning_rate's schedule), got {c['muon_lr']} and {c['learning_rate']}")
-    for key in ('beta1', 'beta2', 'muon_momentum'):
-        if not 0 <= c[key] < 1:
-            raise UserError(f"{key} must be at least 0 and below 1, got {c[key]}")
     if c['decay_lr'] and c['min_lr'] > c['learning_rate']:
         raise UserError(f"min_lr {c['min_lr']:g} is above learning_rate {c['learning_rate']:g}: "
                         "the schedule would climb to it; lower min_lr (the schedule's floor)")
-    if not 0 <= c['cooldown_frac'] <= 1:
-        raise UserError(f"cooldown_frac must be between 0 and 1, got {c['cooldown_frac']}")
-    if not all(isinstance(k, int) and k > 0 for k in c['keep_checkpoints']):
-        raise UserError("keep_checkpoints must be a tuple of positive steps, "
-                        f"got {c['keep_checkpoints']!r}")
     return c
 
 

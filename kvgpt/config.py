@@ -22,12 +22,28 @@ from ast import literal_eval
 from kvgpt.errors import UserError
 
 
+class Within(typing.NamedTuple):
+    """The values a key takes, beyond its type: a test and the words that say it."""
+    test: typing.Callable
+    words: str
+
+
+POSITIVE = Within(lambda v: v >= 1, "must be positive")  # counts of steps, windows, tokens
+NOT_NEGATIVE = Within(lambda v: v >= 0, "must not be negative")
+BELOW_ONE = Within(lambda v: 0 <= v < 1, "must be at least 0 and below 1")  # a decay rate
+FRACTION = Within(lambda v: 0 <= v <= 1, "must be between 0 and 1")
+STEPS = Within(lambda v: all(type(k) is int and k > 0 for k in v),
+               "must be a tuple of positive steps")
+
+
 class Kind(typing.NamedTuple):
     """A key's type: int, float, str, bool, tuple or 'device'; with choices, one of them; optional
-    (None allowed) when the default is None, unless said otherwise."""
+    (None allowed) when the default is None, unless said otherwise; within, the values it takes
+    (POSITIVE, NOT_NEGATIVE, ...), checked wherever it is set."""
     kind: object
     choices: tuple = None
     optional: bool = None
+    within: Within = None
 
     def name(self):
         words = '|'.join(self.choices) if self.choices else getattr(self.kind, '__name__',
@@ -95,6 +111,8 @@ def check_value(name, value, table, source):
     if kind.choices and value not in kind.choices:
         raise UserError(f"{source}: {name} must be one of {', '.join(kind.choices)}, got "
                         f"{value!r}{did_you_mean(str(value), kind.choices)}")
+    if kind.within and not kind.within.test(value):
+        raise UserError(f"{source}: {name} {kind.within.words}, got {value!r}")
     return value
 
 

@@ -220,6 +220,8 @@ def test_compiled_checkpoint_loads_into_an_uncompiled_model(data_root, tmp_path,
     (dict(max_iters=0), 'max_iters must be positive, got 0'),
     (dict(max_iters=-1), 'max_iters must be positive, got -1'),
     (dict(warmup_iters=-5), 'warmup_iters must not be negative, got -5'),
+    (dict(keep_checkpoints='(10,0)'), 'keep_checkpoints must be a tuple of positive steps, got '
+                                      '(10, 0)'),
     (dict(min_lr=0.02), 'min_lr 0.02 is above learning_rate 0.01: the schedule would climb to '
                         "it; lower min_lr (the schedule's floor)"),
 ])
@@ -227,6 +229,15 @@ def test_bad_config_fails_clearly(data_root, tmp_path, kw, message):
     with pytest.raises(UserError, match=re.escape(message)):
         run(data_root, tmp_path, **kw)
     assert not os.path.exists(tmp_path / 'config.json')  # nothing written
+
+
+def test_a_bound_is_checked_where_the_value_is_set_and_names_it(tmp_path):
+    """A key's bounds sit in its entry of KEYS (Kind's within): a config file that sets a value
+    out of them is named, as a wrong type is."""
+    bad = tmp_path / 'bad.py'
+    bad.write_text('batch_size = 0\n')
+    with pytest.raises(UserError, match=re.escape(f"{bad}: batch_size must be positive, got 0")):
+        train.settings([str(bad)])
 
 
 def test_a_run_that_ends_in_its_warmup_says_so(data_root, tmp_path, capsys):
