@@ -1,8 +1,10 @@
 """
 The data format, read and written: data/<name>/{train,val}.bin (flat token ids) and meta.json,
-written last; the Dataset that train.py draws its windows from (the windows of step k depend on
-(data_seed, k) alone); llm.c's token shards read as a dataset; and the checks that data is whole
-before anything trusts it. prepare.py makes the bins from a corpus; nothing here tokenizes.
+written whole beside the old dataset and swapped in; the Dataset that train.py draws its windows
+from (the windows of step k depend on (data_seed, k) alone), reading only files as they were when
+it opened them (UnchangedFiles); llm.c's token shards read as a dataset; and the checks that data
+is whole before anything trusts it. prepare.py makes the bins from a corpus; nothing here
+tokenizes.
 """
 
 import glob
@@ -81,31 +83,6 @@ def bins_match_meta(data_dir, meta):
 # -----------------------------------------------------------------------------
 # reading: the windows of a step
 
-def identity(file):
-    """What tells a file (a path, or an open file) from its replacement or a change in place;
-    None for a path where there is no file."""
-    try:
-        info = os.fstat(file.fileno()) if hasattr(file, 'fileno') else os.stat(file)
-    except FileNotFoundError:
-        return None
-    # the change time too: a copy that keeps the modification time (cp -p, rsync -a --inplace)
-    # sets it back, but nothing can set back the change time
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
-
-
-def what_changed(name, was, now):
-    """How the file called name changed from the identity was to now, in words, or None."""
-    if now is None:
-        return f"{name} was removed"
-    if now[:2] != was[:2]:
-        return f"{name} was replaced by another file"
-    if now[2] != was[2]:
-        return f"{name} now has {now[2]:,} bytes, not {was[2]:,}"
-    if now != was:
-        return f"{name} was written to"
-    return None
-
-
 def key_generator(key):
     """A torch generator seeded by key (a tuple of ints) alone: the same draws on every machine,
     restart and world size."""
@@ -122,12 +99,9 @@ class Dataset:
         # llm.c shards of open_shards, read as one sequence
         self.parts = parts or {split: [(os.path.join(data_dir, f'{split}.bin'), 0,
                                         meta[f'{split}_tokens'])] for split in SPLITS}
-        # every file the run reads (and the meta.json beside bins) as it was when opened: one
-        # that changes under the run (truncated, or replaced by another prepare.py) stops it
-        # before anything is read from it
-        files = [path for split in SPLITS for path, _, _ in self.parts[split]]
         self.meta_path = None if parts else os.path.join(data_dir, 'meta.json')
-        self.identities = {path: identity(path) for path in files + [self.meta_path] if path}
+        read = [path for split in SPLITS for path, _, _ in self.parts[split]]
+        self.files = UnchangedFiles(data_dir, read + ([self.meta_path] if self.meta_path else []))
 
     def tokens(self, split):
         return self.meta[f'{split}_tokens']
@@ -152,35 +126,14 @@ class Dataset:
 
     @contextmanager
     def opened(self, split):
-        """The split's files, open, as [(path, file, byte offset of its tokens, token count)]:
-        each checked to be the one the run opened, on the open file itself, so a rename between
-        the check and the read cannot slip in another."""
+        """The split's files, open and as the run opened them: [(file, byte offset of its
+        tokens, token count)]."""
         with ExitStack() as stack:
-            files = []
-            for path, byte_offset, count in self.parts[split]:
-                try:
-                    f = stack.enter_context(open(path, 'rb'))
-                except FileNotFoundError:
-                    self.check_unchanged(path, None)
-                    raise
-                self.check_unchanged(path, identity(f))
-                files.append((path, f, byte_offset, count))
+            files = [(stack.enter_context(self.files.open(path)), offset, count)
+                     for path, offset, count in self.parts[split]]
             if self.meta_path:
-                self.check_unchanged(self.meta_path, identity(self.meta_path))
+                self.files.check(self.meta_path)
             yield files
-
-    def check_unchanged(self, path, now, read_short=False):
-        """now: the file's identity (None: it is gone); read_short: a read of it ended early. A
-        run that went on would mix two datasets, or die reading past the end of a truncated file:
-        it stops in one line instead."""
-        name = os.path.basename(path)
-        change = what_changed(name, self.identities[path], now) or (
-            read_short and f"{name} ended before the tokens it had when opened")
-        if change:
-            raise UserError(f"{self.dir} changed under this run ({change}): stopped, with nothing "
-                            "saved from the new data; put back the data it was trained on and "
-                            "resume (--init_from=resume), or train on the new data in a new "
-                            "out_dir")
 
     def read(self, split, start, stop, files=None):
         """Tokens [start, stop) of the split, across its files (files: opened once for a whole
@@ -190,13 +143,12 @@ class Dataset:
             with self.opened(split) as files:
                 return self.read(split, start, stop, files)
         pieces, offset = [], 0
-        for path, f, byte_offset, count in files:
+        for f, byte_offset, count in files:
             lo, hi = max(start - offset, 0), min(stop - offset, count)
             if lo < hi:
                 tokens = np.empty(hi - lo, dtype=self.meta['dtype'])
                 f.seek(byte_offset + lo * tokens.itemsize)
-                if f.readinto(tokens) != tokens.nbytes:  # cut short since the check
-                    self.check_unchanged(path, identity(f), read_short=True)
+                self.files.read_into(f, tokens)
                 pieces.append(tokens)
             offset += count
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
@@ -287,6 +239,78 @@ def check_long_enough(data_dir, meta, block_size):
         if meta[f'{split}_tokens'] <= block_size + 1:
             raise UserError(f"{data_dir}'s {split} split has {meta[f'{split}_tokens']} tokens, "
                             f"too few for block_size {block_size}")
+
+
+# -----------------------------------------------------------------------------
+# the files a run reads, held to what they were when it opened them
+
+class UnchangedFiles:
+    """The files a run reads, held to what they were when it opened them: a file that changes
+    under the run (truncated, written in place, or replaced by another prepare.py) stops it in
+    one line before anything is read from it, and a read cut short by a truncation after the
+    check stops it too. A run that went on would mix two datasets, or die reading past the end
+    of a truncated file."""
+
+    def __init__(self, folder, paths):
+        self.folder = folder
+        self.identities = {path: identity(path) for path in paths}
+
+    @contextmanager
+    def open(self, path):
+        """path, open for reading, checked on the open file itself: a rename between the check
+        and the read cannot slip in another file."""
+        try:
+            f = open(path, 'rb')
+        except FileNotFoundError:
+            self.stop_if_changed(path, None)
+            raise
+        with f:
+            self.stop_if_changed(path, identity(f))
+            yield f
+
+    def read_into(self, f, array):
+        """array filled from f's position on."""
+        if f.readinto(array) != array.nbytes:  # cut short since the check
+            self.stop_if_changed(f.name, identity(f), read_short=True)
+
+    def check(self, path):
+        self.stop_if_changed(path, identity(path))
+
+    def stop_if_changed(self, path, now, read_short=False):
+        """now: the file's identity (None: it is gone); read_short: a read of it ended early."""
+        name = os.path.basename(path)
+        change = what_changed(name, self.identities[path], now) or (
+            read_short and f"{name} ended before the tokens it had when opened")
+        if change:
+            raise UserError(f"{self.folder} changed under this run ({change}): stopped, with "
+                            "nothing saved from the new data; put back the data it was trained "
+                            "on and resume (--init_from=resume), or train on the new data in a "
+                            "new out_dir")
+
+
+def identity(file):
+    """What tells a file (a path, or an open file) from its replacement or a change in place;
+    None for a path where there is no file."""
+    try:
+        info = os.fstat(file.fileno()) if hasattr(file, 'fileno') else os.stat(file)
+    except FileNotFoundError:
+        return None
+    # the change time too: a copy that keeps the modification time (cp -p, rsync -a --inplace)
+    # sets it back, but nothing can set back the change time
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def what_changed(name, was, now):
+    """How the file called name changed from the identity was to now, in words, or None."""
+    if now is None:
+        return f"{name} was removed"
+    if now[:2] != was[:2]:
+        return f"{name} was replaced by another file"
+    if now[2] != was[2]:
+        return f"{name} now has {now[2]:,} bytes, not {was[2]:,}"
+    if now != was:
+        return f"{name} was written to"
+    return None
 
 
 # -----------------------------------------------------------------------------
