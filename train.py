@@ -50,7 +50,7 @@ from kvgpt.errors import (SameOnEveryRank, UserError, fs_error, model_errors, qu
 from kvgpt.files import atomic_write
 from kvgpt.optimizer import MUON_SCALES, OPTIMIZERS, build_optimizer
 from kvgpt.signals import Interrupted, Signals
-from kvgpt.tracking import Record, open_trackers, wandb_run_id
+from kvgpt.tracking import Record, StepTimer, format_eta, open_trackers, wandb_run_id
 from model import GPT, QUERY_MODES, GPTConfig, upgrade_query
 
 # -----------------------------------------------------------------------------
@@ -330,40 +330,6 @@ def check_schedule(source, c, step, path):
               f"({was:.{digits}g} against {now:.{digits}g} here): this "
               f"{'resumed run' if c['init_from'] == 'resume' else 'branch'} is not the run its "
               "settings would make from scratch")
-
-
-# -----------------------------------------------------------------------------
-# step times: what the log lines report
-
-TIMING_WARMUP = 2  # steps after each (re)start left out of step times (compilation, caches)
-
-
-class StepTimer:
-    """Seconds per step since the last log line, leaving out the TIMING_WARMUP steps after each
-    (re)start, every evaluation and every save."""
-
-    def __init__(self, start_iter):
-        self.start_iter, self.mark = start_iter, None
-
-    def tick(self, iter_num):
-        if iter_num - self.start_iter == TIMING_WARMUP:
-            self.mark = (iter_num, time.time())
-
-    def pause(self, seconds):
-        if self.mark is not None:
-            self.mark = (self.mark[0], self.mark[1] + seconds)
-
-    def step_time(self, iter_num):
-        if self.mark is None or self.mark[0] == iter_num:
-            return None
-        now = time.time()
-        dt, self.mark = (now - self.mark[1]) / (iter_num - self.mark[0]), (iter_num, now)
-        return dt
-
-
-def format_eta(seconds):
-    m = int(seconds // 60)
-    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{int(seconds % 60):02d}s"
 
 
 # -----------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """
 What a run writes about itself: its record (config.json and log.jsonl, which a resume finds
-consistent with the checkpoint on disk) and the trackers that mirror it (W&B, TensorBoard), each
-continuing across a resume.
+consistent with the checkpoint on disk), the trackers that mirror it (W&B, TensorBoard), each
+continuing across a resume, and the step times its log lines report.
 """
 
 import json
 import os
+import time
 
 from kvgpt.errors import UserError, fs_error
 from kvgpt.files import atomic_write, read_jsonl, write_json, write_text
@@ -225,3 +226,37 @@ def wandb_run_id(record):
     """The W&B run id to keep in the checkpoint, or None."""
     ids = [t.run_id for t in (record.trackers if record else []) if isinstance(t, WandbTracker)]
     return ids[0] if ids else None
+
+
+# -----------------------------------------------------------------------------
+# step times: what the log lines report
+
+TIMING_WARMUP = 2  # steps after each (re)start left out of step times (compilation, caches)
+
+
+class StepTimer:
+    """Seconds per step since the last log line, leaving out the TIMING_WARMUP steps after each
+    (re)start, every evaluation and every save."""
+
+    def __init__(self, start_iter):
+        self.start_iter, self.mark = start_iter, None
+
+    def tick(self, iter_num):
+        if iter_num - self.start_iter == TIMING_WARMUP:
+            self.mark = (iter_num, time.time())
+
+    def pause(self, seconds):
+        if self.mark is not None:
+            self.mark = (self.mark[0], self.mark[1] + seconds)
+
+    def step_time(self, iter_num):
+        if self.mark is None or self.mark[0] == iter_num:
+            return None
+        now = time.time()
+        dt, self.mark = (now - self.mark[1]) / (iter_num - self.mark[0]), (iter_num, now)
+        return dt
+
+
+def format_eta(seconds):
+    m = int(seconds // 60)
+    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{int(seconds % 60):02d}s"

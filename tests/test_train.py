@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvgpt import distributed, files
+from kvgpt import distributed, files, tracking
 from kvgpt.checkpoint import load_checkpoint
 from kvgpt.data import Dataset, file_digest, open_dataset
 from kvgpt.errors import UserError
@@ -660,9 +660,9 @@ def test_eta_is_logged_and_falls_and_warmup_steps_are_not_timed(data_root, tmp_p
                                                                 monkeypatch):
     monkeypatch.setattr(train, 'time', Clock)  # the step times, and the evaluations' seconds
     log = [e for e in run(data_root, tmp_path, max_iters=10, eval_interval=5) if 'loss' in e]
-    warm = train.TIMING_WARMUP
+    warm = tracking.TIMING_WARMUP
     assert [e['dt_ms'] is None for e in log] == [True] * warm + [False] * (10 - warm)
-    etas = [e['eta_s'] for e in log[train.TIMING_WARMUP:]]
+    etas = [e['eta_s'] for e in log[tracking.TIMING_WARMUP:]]
     assert etas[0] > 0 and etas[-1] == 0 and etas[-1] < etas[len(etas) // 2] < etas[0] * 2
     assert ' eta 0m00s' in capsys.readouterr().out
     resumed = [e for e in run(data_root, tmp_path, init_from='resume', max_iters=14)
