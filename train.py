@@ -222,46 +222,67 @@ def checkpoint_path(c):
 
 
 def build_model(c, meta, master):
-    """(model, checkpoint or None) for init_from = scratch | resume | a checkpoint file (a branch,
-    or with finetune its weights alone) | gpt2* or a GPT-2 folder."""
-    ckpt = None
-    if c['init_from'] == 'scratch':  # so too init_from=auto without a checkpoint
+    """(model, checkpoint or None): the start init_from names (init_mode), then the data's fit."""
+    start = {'scratch': scratch_model, 'checkpoint': checkpoint_model,
+             'finetune': finetuned_model, 'pretrained': pretrained_model}[init_mode(c)]
+    model, ckpt = start(c, meta, master)
+    check_fits(meta, model.config.vocab_size, model.config.block_size, c['block_size'])
+    return model, ckpt
+
+
+def init_mode(c):
+    """How the run starts: 'scratch' (so too init_from=auto without a checkpoint), 'checkpoint'
+    (resume, or a branch off a checkpoint file), 'finetune' (a checkpoint file's weights alone)
+    or 'pretrained' (gpt2* or a GPT-2 folder). A finetune with no weights to take is refused."""
+    if c['init_from'] == 'scratch':
         if c['finetune']:
             raise UserError("finetune=True takes its weights from init_from: name a checkpoint "
                             "file (such as out/ckpt.pt), gpt2..gpt2-xl or a GPT-2 folder")
-        with model_errors('bad model config'):
-            model = GPT(GPTConfig(**model_args_from(c, meta)), verbose=master)
-    elif c['finetune'] and os.path.isfile(os.path.join(c['init_from'], 'ckpt.pt')):
+        return 'scratch'
+    if c['finetune'] and os.path.isfile(os.path.join(c['init_from'], 'ckpt.pt')):
         raise UserError(f"{c['init_from']} is a run folder: fine-tune its checkpoint with "
                         f"--init_from={os.path.join(c['init_from'], 'ckpt.pt')}")
-    elif c['finetune'] and os.path.isfile(c['init_from']):
-        model = finetuned_model(c, meta, master)
-    elif c['init_from'] == 'resume' or os.path.isfile(c['init_from']):
-        path = checkpoint_path(c)
-        model, ckpt = model_from_checkpoint(path, verbose=master, resume=True)
-        check_same_data(ckpt.get('meta'), meta, path, f"{c['data_root']}/{c['dataset']}")
-        branch = c['init_from'] != 'resume' and not c['eval_only']
-        if branch and ckpt['iter_num'] >= c['max_iters']:
-            raise UserError(f"{path} is at iter {ckpt['iter_num']}, which a branch to "
-                            f"--max_iters={c['max_iters']} would not train past: choose an "
-                            "earlier checkpoint or a larger --max_iters")
-        if master and not c['eval_only']:
-            check_schedule(ckpt.get('config'), c, ckpt['iter_num'], path)
-        ours = model_settings(ckpt)
-        changed = [k for k, v in ours.items() if c.get(k) is not None and c[k] != v]
-        if changed and master:
-            print("resuming: the checkpoint's model settings win over "
-                  + ', '.join(f'{k}={c[k]!r}' for k in changed))
-    else:
-        quiet_hub('transformers')  # its import resets the hub's logger
-        with model_errors():
-            model = GPT.from_pretrained(c['init_from'], dropout=c['dropout'])
-        ignored = pretrained_overrides(c, model)
-        if ignored and master:
-            print(f"{c['init_from']}: GPT-2's weights set the model, not "
-                  + ', '.join(f'{k}={c[k]!r}' for k in ignored))
-    check_fits(meta, model.config.vocab_size, model.config.block_size, c['block_size'])
+    if c['finetune'] and os.path.isfile(c['init_from']):
+        return 'finetune'
+    if c['init_from'] == 'resume' or os.path.isfile(c['init_from']):
+        return 'checkpoint'
+    return 'pretrained'
+
+
+def scratch_model(c, meta, master):
+    with model_errors('bad model config'):
+        return GPT(GPTConfig(**model_args_from(c, meta)), verbose=master), None
+
+
+def checkpoint_model(c, meta, master):
+    """A resume's or a branch's model, from its checkpoint, which must have been trained on this
+    data; the loop state and the optimizer's come from the checkpoint too (restore)."""
+    path = checkpoint_path(c)
+    model, ckpt = model_from_checkpoint(path, verbose=master, resume=True)
+    check_same_data(ckpt.get('meta'), meta, path, f"{c['data_root']}/{c['dataset']}")
+    branch = c['init_from'] != 'resume' and not c['eval_only']
+    if branch and ckpt['iter_num'] >= c['max_iters']:
+        raise UserError(f"{path} is at iter {ckpt['iter_num']}, which a branch to "
+                        f"--max_iters={c['max_iters']} would not train past: choose an "
+                        "earlier checkpoint or a larger --max_iters")
+    if master and not c['eval_only']:
+        check_schedule(ckpt.get('config'), c, ckpt['iter_num'], path)
+    changed = [k for k, v in model_settings(ckpt).items() if c.get(k) is not None and c[k] != v]
+    if changed and master:
+        print("resuming: the checkpoint's model settings win over "
+              + ', '.join(f'{k}={c[k]!r}' for k in changed))
     return model, ckpt
+
+
+def pretrained_model(c, meta, master):
+    quiet_hub('transformers')  # its import resets the hub's logger
+    with model_errors():
+        model = GPT.from_pretrained(c['init_from'], dropout=c['dropout'])
+    ignored = pretrained_overrides(c, model)
+    if ignored and master:
+        print(f"{c['init_from']}: GPT-2's weights set the model, not "
+              + ', '.join(f'{k}={c[k]!r}' for k in ignored))
+    return model, None
 
 
 def finetuned_model(c, meta, master):
@@ -280,7 +301,7 @@ def finetuned_model(c, meta, master):
         print(f"fine-tuning {path} (trained to iter {ckpt.get('iter_num', '?')}) from iter 0 with "
               f"a fresh {c['optimizer']}" + ("; its weights set the model, not "
                                  + ', '.join(f'{k}={c[k]!r}' for k in ignored) if ignored else ""))
-    return model
+    return model, None
 
 
 # -----------------------------------------------------------------------------
