@@ -636,9 +636,11 @@ def all_ranks_save(run, reason, name='ckpt.pt'):
     path, error, master = os.path.join(run.settings['out_dir'], name), None, run.process.master
     kept = (f"the previous {path} is untouched" if os.path.exists(path) else
             f"{path} is not written")
-    if master and not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
+    error = run.data.changed()  # every rank's files: a model of two datasets is never saved
+    if error is None and master and not all(bool(torch.isfinite(p).all())
+                                            for p in run.model.parameters()):
         error = f"parameters are non-finite at iter {iter_num}; not saving: {kept}"
-    elif master:
+    elif error is None and master:
         # the record is written before the new ckpt.pt replaces the old one: if it fails, both stay
         commit_record = run.record.commit if name == 'ckpt.pt' else None
         try:
@@ -767,6 +769,8 @@ def train(c):
         run.step_model = None  # the DDP wrapper goes while the process group lives
         return run
     finally:
+        if run is not None:
+            run.data.close()
         if run is not None and run.record is not None:
             run.record.close()  # the trackers' last writes
         distributed.close(process, finished=run is not None and run.finished)

@@ -1,9 +1,9 @@
 """
 The data format, read and written: data/<name>/{train,val}.bin (flat token ids) and meta.json,
 written whole beside the old dataset and swapped in; the Dataset that train.py draws its windows
-from (the windows of step k depend on (data_seed, k) alone), reading only files as they were when
-it opened them (UnchangedFiles); llm.c's token shards read as a dataset; and the checks that data
-is whole before anything trusts it. prepare.py makes the bins from a corpus; nothing here
+from (the windows of step k depend on (data_seed, k) alone), from files it holds open and checks
+before each save (Dataset.changed); llm.c's token shards read as a dataset; and the checks that
+data is whole before anything trusts it. prepare.py makes the bins from a corpus; nothing here
 tokenizes.
 """
 
@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -91,7 +91,9 @@ def key_generator(key):
 
 
 class Dataset:
-    """A prepared dataset, checked before anything reads it, that gives (x, y) token windows."""
+    """A prepared dataset that gives (x, y) token windows, read from its files as the run opened
+    them: they stay open, so a prepare that replaces them cannot change what a batch reads, and
+    changed() tells whether they changed since (every save asks it first)."""
 
     def __init__(self, data_dir, meta, block_size, parts=None):
         self.dir, self.meta, self.block_size = data_dir, meta, block_size
@@ -99,9 +101,9 @@ class Dataset:
         # llm.c shards of open_shards, read as one sequence
         self.parts = parts or {split: [(os.path.join(data_dir, f'{split}.bin'), 0,
                                         meta[f'{split}_tokens'])] for split in SPLITS}
-        self.meta_path = None if parts else os.path.join(data_dir, 'meta.json')
-        read = [path for split in SPLITS for path, _, _ in self.parts[split]]
-        self.files = UnchangedFiles(data_dir, read + ([self.meta_path] if self.meta_path else []))
+        self.files = {path: open(path, 'rb') for split in SPLITS
+                      for path, _, _ in self.parts[split]}
+        self.opened_as = {path: identity(f) for path, f in self.files.items()}
 
     def tokens(self, split):
         return self.meta[f'{split}_tokens']
@@ -124,31 +126,18 @@ class Dataset:
             batches.append((np.array([len(starts) * block]), targets % block))
         return batches
 
-    @contextmanager
-    def opened(self, split):
-        """The split's files, open and as the run opened them: [(file, byte offset of its
-        tokens, token count)]."""
-        with ExitStack() as stack:
-            files = [(stack.enter_context(self.files.open(path)), offset, count)
-                     for path, offset, count in self.parts[split]]
-            if self.meta_path:
-                self.files.check(self.meta_path)
-            yield files
-
-    def read(self, split, start, stop, files=None):
-        """Tokens [start, stop) of the split, across its files (files: opened once for a whole
-        batch). Read, not mapped: a file truncated after the check is a short read, where a
-        memory map's pages past its new end would end the process (SIGBUS)."""
-        if files is None:
-            with self.opened(split) as files:
-                return self.read(split, start, stop, files)
+    def read(self, split, start, stop):
+        """Tokens [start, stop) of the split, across its files. Read, not mapped: a file cut
+        short under the run is a short read, stopped in one line, where a memory map's pages past
+        its new end would end the process (SIGBUS)."""
         pieces, offset = [], 0
-        for f, byte_offset, count in files:
+        for path, byte_offset, count in self.parts[split]:
             lo, hi = max(start - offset, 0), min(stop - offset, count)
             if lo < hi:
                 tokens = np.empty(hi - lo, dtype=self.meta['dtype'])
-                f.seek(byte_offset + lo * tokens.itemsize)
-                self.files.read_into(f, tokens)
+                self.files[path].seek(byte_offset + lo * tokens.itemsize)
+                if self.files[path].readinto(tokens) != tokens.nbytes:
+                    raise UserError(self.changed() or f"{path} ended before its tokens")
                 pieces.append(tokens)
             offset += count
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
@@ -167,8 +156,7 @@ class Dataset:
         """Inputs and next-token targets (len(starts), length or block_size) as int64, on
         device; their ids checked against the vocabulary (on the host, before the copy: free)."""
         length = length or self.block_size
-        with self.opened(split) as files:
-            windows = np.stack([self.read(split, s, s + length + 1, files) for s in starts])
+        windows = np.stack([self.read(split, s, s + length + 1) for s in starts])
         self.check_ids(split, windows)
         xy = torch.from_numpy(windows.astype(np.int64))
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
@@ -176,6 +164,22 @@ class Dataset:
             return (x.pin_memory().to(device, non_blocking=True),
                     y.pin_memory().to(device, non_blocking=True))
         return x.to(device), y.to(device)  # any other device (mps), synchronously
+
+    def changed(self):
+        """None while every file is as the run opened it, else the one line that stops the run:
+        a file truncated, written in place or replaced (by another prepare.py) since. A run that
+        went on would save a model of two datasets; a save asks this first, so none does."""
+        for path, was in self.opened_as.items():
+            change = what_changed(os.path.basename(path), was, identity(path))
+            if change:
+                return (f"{self.dir} changed under this run ({change}): stopped, with nothing "
+                        "saved from the new data; put back the data it was trained on and resume "
+                        "(--init_from=resume), or train on the new data in a new out_dir")
+        return None
+
+    def close(self):
+        for f in self.files.values():
+            f.close()
 
 
 def open_dataset(data_root, name, block_size):
@@ -242,51 +246,7 @@ def check_long_enough(data_dir, meta, block_size):
 
 
 # -----------------------------------------------------------------------------
-# the files a run reads, held to what they were when it opened them
-
-class UnchangedFiles:
-    """The files a run reads, held to what they were when it opened them: a file that changes
-    under the run (truncated, written in place, or replaced by another prepare.py) stops it in
-    one line before anything is read from it, and a read cut short by a truncation after the
-    check stops it too. A run that went on would mix two datasets, or die reading past the end
-    of a truncated file."""
-
-    def __init__(self, folder, paths):
-        self.folder = folder
-        self.identities = {path: identity(path) for path in paths}
-
-    @contextmanager
-    def open(self, path):
-        """path, open for reading, checked on the open file itself: a rename between the check
-        and the read cannot slip in another file."""
-        try:
-            f = open(path, 'rb')
-        except FileNotFoundError:
-            self.stop_if_changed(path, None)
-            raise
-        with f:
-            self.stop_if_changed(path, identity(f))
-            yield f
-
-    def read_into(self, f, array):
-        """array filled from f's position on."""
-        if f.readinto(array) != array.nbytes:  # cut short since the check
-            self.stop_if_changed(f.name, identity(f), read_short=True)
-
-    def check(self, path):
-        self.stop_if_changed(path, identity(path))
-
-    def stop_if_changed(self, path, now, read_short=False):
-        """now: the file's identity (None: it is gone); read_short: a read of it ended early."""
-        name = os.path.basename(path)
-        change = what_changed(name, self.identities[path], now) or (
-            read_short and f"{name} ended before the tokens it had when opened")
-        if change:
-            raise UserError(f"{self.folder} changed under this run ({change}): stopped, with "
-                            "nothing saved from the new data; put back the data it was trained "
-                            "on and resume (--init_from=resume), or train on the new data in a "
-                            "new out_dir")
-
+# what tells a file from its replacement or a change in place
 
 def identity(file):
     """What tells a file (a path, or an open file) from its replacement or a change in place;

@@ -996,9 +996,10 @@ def test_a_run_whose_data_changes_under_it_stops_in_one_line(data_root, tmp_path
                                          eval_interval=4))
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert re.match(rf"error: {data} changed under this run \({change}\): stopped", err)
-    # nothing from the changed data: the checkpoint is step 4's, and no step past 6 is logged
+    # nothing from the changed data is saved: the checkpoint is step 4's, and step 8's save,
+    # the first after the change, stopped the run
     assert load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] == 4
-    assert max(e['iter'] for e in read_log(out)) == 6
+    assert max(e['iter'] for e in read_log(out)) <= 8
 
 
 def test_a_resume_after_a_change_in_place_is_refused_in_one_line(data_root, tmp_path,
@@ -1032,16 +1033,29 @@ def test_a_truncated_checkpoint_is_one_line_and_not_replaced_by_scratch(data_roo
     assert (tmp_path / 'ckpt.pt').read_bytes() == good[:len(good) // 2]
 
 
-def test_a_file_truncated_between_the_check_and_the_read_is_the_same_one_line(data_root,
-                                                                            tmp_path):
+def test_a_file_cut_short_under_a_run_stops_its_next_read_in_one_line(data_root, tmp_path):
     shutil.copytree(os.path.join(data_root, 'tiny'), tmp_path / 'tiny')
     data = open_dataset(str(tmp_path), 'tiny', 32)
     n = data.tokens('train')
-    with data.opened('train') as files:  # checked: whole
-        os.truncate(tmp_path / 'tiny' / 'train.bin', n)  # half its bytes, as uint16
-        with pytest.raises(UserError, match=rf"^{tmp_path / 'tiny'} changed under this run "
-                                            rf"\(train.bin now has {n:,} bytes, not {2 * n:,}\)"):
-            data.read('train', n - 100, n, files)
+    data.read('train', n - 100, n)
+    os.truncate(tmp_path / 'tiny' / 'train.bin', n)  # half its bytes, as uint16
+    with pytest.raises(UserError, match=rf"^{tmp_path / 'tiny'} changed under this run "
+                                        rf"\(train.bin now has {n:,} bytes, not {2 * n:,}\)"):
+        data.read('train', n - 100, n)
+
+
+def test_a_prepare_under_a_run_leaves_its_batches_as_they_were(data_root, tmp_path):
+    """The files stay open: the swapped-out dataset is still what the run reads, and changed()
+    (which every save asks first) names the replacement."""
+    shutil.copytree(os.path.join(data_root, 'tiny'), tmp_path / 'tiny')
+    data = open_dataset(str(tmp_path), 'tiny', 32)
+    starts = data.starts('train', 4, 0, 1)
+    before = data.batch('train', starts)
+    assert data.changed() is None
+    change_data(tmp_path / 'tiny', os.path.join(data_root, 'docs.jsonl'), 're-prepared')
+    assert all(torch.equal(a, b) for a, b in zip(before, data.batch('train', starts)))
+    assert "(train.bin was replaced by another file)" in data.changed()
+    data.close()
 
 
 DAMAGES = [  # (key, value, None: removed, what the one line says)
