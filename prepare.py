@@ -23,20 +23,25 @@ from kvgpt.errors import quiet_imports  # first: Ctrl-C in the imports below is 
 quiet_imports(__name__)
 
 import ast
+import ctypes
 import errno
 import functools
 import glob
 import json
 import os
 import shlex
+import shutil
 import signal
+import socket
 import sysconfig
+from contextlib import contextmanager
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from kvgpt.config import Kind, closest, defaults, keys, parse_config
-from kvgpt.data import (EMBEDDED_CORPORA, SPLITS, bins_match_meta, check_replaceable,
-                        file_digest, meta_problem, preparing, write_dataset)
+from kvgpt.data import (BIN_NAMES, EMBEDDED_CORPORA, SPLITS, bins_match_meta, file_digest,
+                        meta_problem)
 from kvgpt.errors import UserError, fs_error, quiet_hub, run_main
 from kvgpt.files import read_json, read_only, write_json
 from kvgpt.tokenizer import TOKENIZERS, get_tokenizer
@@ -678,6 +683,196 @@ def train_flags(c):
 def parent_and_name(folder):
     """(the absolute folder holding folder, folder's own name): data_root and the dataset."""
     return os.path.split(os.path.normpath(os.path.abspath(folder)))
+
+
+# -----------------------------------------------------------------------------
+# writing a dataset whole: the new one beside the old, then swapped in, under a lock
+
+def write_dataset(out_dir, meta, write):
+    """write(paths) fills both bins (and meta's counts) in a folder of their own beside out_dir,
+    then meta.json is written there, and that folder takes out_dir's place in one step
+    (replace_folder): a reader of out_dir sees the old dataset or the new one, whole, and a
+    failure before the swap leaves the old as it was. Under preparing(out_dir), which holds the
+    folder and clears what a killed prepare left."""
+    staging, target = beside(out_dir, 'new'), out_dir  # target: what a failure names
+    try:
+        os.makedirs(staging)
+        paths = {s: os.path.join(staging, f'{s}.bin') for s in SPLITS}
+        write(paths)
+        meta['digests'] = {s: file_digest(paths[s]) for s in SPLITS}
+        target = os.path.join(out_dir, 'meta.json')
+        write_json(os.path.join(staging, 'meta.json'), meta)
+        target = out_dir
+        replace_folder(staging, os.path.realpath(out_dir), beside(out_dir, 'old'))
+    except OSError as e:  # a full disk reports no file name, and a staged one means nothing
+        state = ("the dataset there before is as it was" if os.path.exists(
+            os.path.join(out_dir, 'meta.json')) else f"{out_dir} holds no dataset")
+        raise UserError(f"{fs_error(e, target)}; {state}") from None
+    finally:
+        if os.path.exists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+    print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
+          f"({meta['tokenizer']}, {meta['dtype']})")
+    return meta
+
+
+def beside(out_dir, what):
+    """<parent>/.<name>.<what>: the hidden files and folders a prepare of out_dir keeps next to it
+    (its lock, its owner, the new dataset while it is written, the old one while swapped out),
+    beside the real folder where out_dir is a link to it."""
+    folder = os.path.realpath(out_dir)
+    return os.path.join(os.path.dirname(folder), f'.{os.path.basename(folder)}.{what}')
+
+
+DATASET_FILES = (*BIN_NAMES, 'meta.json')
+
+
+@contextmanager
+def preparing(out_dir):
+    """One prepare per dataset folder: an exclusive lock beside it (filelock's; the OS releases it
+    however its holder ends), its holder named in .<name>.owner; a second prepare is refused in
+    one line that names the first. Under it, what a killed prepare left is cleared, and said."""
+    try:
+        os.makedirs(os.path.dirname(beside(out_dir, 'lock')), exist_ok=True)
+        lock = FileLock(beside(out_dir, 'lock'), timeout=0)
+        lock.acquire()
+    except Timeout:
+        raise UserError(f"{out_dir} is being prepared by {read_owner(beside(out_dir, 'owner'))}: "
+                        "wait for it to finish, or stop it") from None
+    except OSError as e:
+        raise UserError(fs_error(e, out_dir)) from None
+    try:
+        write_owner(beside(out_dir, 'owner'))
+        clear_leftovers(out_dir)
+        yield
+    finally:
+        if os.path.exists(beside(out_dir, 'owner')):  # while held: no other holder wrote it
+            os.remove(beside(out_dir, 'owner'))
+        lock.release()
+
+
+def check_replaceable(out_dir):
+    """A prepare replaces the whole folder: one that holds files prepare.py does not write (which
+    the swap would take with it) is refused before anything is read."""
+    others = sorted(set(os.listdir(out_dir)) - set(DATASET_FILES)) if os.path.isdir(out_dir) \
+        else []
+    if others:
+        raise UserError(f"{out_dir} holds files prepare.py does not write ({', '.join(others)}), "
+                        "and a prepare replaces the whole folder: move them out, or choose "
+                        "another --out_name")
+
+
+def write_owner(path):
+    try:
+        with open(path, 'w') as f:
+            f.write(f"prepare.py (pid {os.getpid()} on {socket.gethostname()})")
+    except OSError:
+        pass  # only a second prepare's message reads it
+
+
+def read_owner(path):
+    try:
+        with open(path) as f:
+            return f.read().strip() or 'another process'
+    except OSError:
+        return 'another process'
+
+
+def clear_leftovers(out_dir):
+    """What a prepare killed before it finished left (under its lock, no prepare is writing
+    them): the new dataset half-written beside out_dir is removed; the old one, swapped aside
+    where renameat2 is missing, is put back if out_dir is missing (a SIGKILL between the two
+    renames), else removed; temporary files of earlier versions inside out_dir are removed."""
+    said = []
+    for what in ('new', 'old'):
+        path = beside(out_dir, what)
+        if not os.path.lexists(path):
+            continue
+        if what == 'old' and not os.path.lexists(out_dir):
+            os.rename(path, os.path.realpath(out_dir))
+            said.append(f"put back {out_dir}, which a killed prepare had moved aside")
+            continue
+        said.append(f"removed {os.path.basename(path)} ({tree_size(path) / 2 ** 20:.1f} MiB)")
+        shutil.rmtree(path)
+    for name in (f'{f}.tmp' for f in DATASET_FILES):
+        path = os.path.join(out_dir, name)
+        if os.path.isfile(path):
+            said.append(f"removed {name} ({os.path.getsize(path) / 2 ** 20:.1f} MiB) from "
+                        f"{out_dir}")
+            os.remove(path)
+    if said:
+        print(f"a killed prepare of {out_dir} left files: {'; '.join(said)}")
+
+
+def tree_size(path):
+    return sum(os.path.getsize(os.path.join(folder, f))
+               for folder, _, names in os.walk(path) for f in names)
+
+
+def replace_folder(new, dest, aside):
+    """Make the folder `new` the folder at dest, and remove the one there before. Where the OS
+    can (Linux's renameat2), the two are exchanged in one step, so a reader of dest sees the old
+    folder or the new one, never neither and never a mix; elsewhere dest goes to `aside` and new
+    takes its place, two renames between which only a SIGKILL can stop this process (SIGINT and
+    SIGTERM wait until the swap is done), leaving dest missing and the old folder at aside."""
+    with signals_held():
+        if not os.path.lexists(dest):
+            os.rename(new, dest)
+        elif exchange(new, dest):
+            shutil.rmtree(new)  # the old folder, now under new's name
+        else:
+            os.rename(dest, aside)
+            try:
+                os.rename(new, dest)
+            except OSError:
+                os.rename(aside, dest)
+                raise
+            shutil.rmtree(aside)
+        sync_folder(os.path.dirname(os.path.abspath(dest)))
+
+
+def exchange(a, b):
+    """Swap the paths a and b in one step (renameat2's RENAME_EXCHANGE, Linux 3.15 on); False
+    where this OS or the filesystem cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None)
+    if renameat2 is None:
+        return False
+    at_cwd, rename_exchange = -100, 2
+    if renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), b)
+
+
+@contextmanager
+def signals_held():
+    """SIGINT and SIGTERM held back until the block is done, then delivered (on POSIX)."""
+    if not hasattr(signal, 'pthread_sigmask'):
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def sync_folder(path):
+    """A folder's entries on disk (its renames survive a power cut), where the OS allows."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
 
 
 def interrupts_stop_the_main_process():

@@ -1,28 +1,24 @@
 """
-The data format, read and written: data/<name>/{train,val}.bin (flat token ids) and meta.json,
-written whole beside the old dataset and swapped in; the Dataset that train.py draws its windows
-from (the windows of step k depend on (data_seed, k) alone), from files it holds open and checks
-before each save (Dataset.changed); llm.c's token shards read as a dataset; and the checks that
-data is whole before anything trusts it. prepare.py makes the bins from a corpus; nothing here
-tokenizes.
+The data format and its reading: data/<name>/{train,val}.bin (flat token ids) and meta.json,
+which prepare.py writes; the Dataset that train.py draws its windows from (the windows of step k
+depend on (data_seed, k) alone), reading files it holds open and checks before each save
+(Dataset.changed); llm.c's token shards read as a dataset; and the checks that data is whole
+before anything trusts it. Nothing here tokenizes or writes a dataset.
 """
 
 import glob
 import hashlib
 import os
-import shutil
-import socket
 import subprocess
 import sys
-from contextlib import contextmanager
 
 import numpy as np
 import torch
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
 from kvgpt.config import closest
 from kvgpt.errors import UserError, fs_error
-from kvgpt.files import read_json, replace_folder, write_json
+from kvgpt.files import read_json
 from kvgpt.tokenizer import TOKENIZERS
 
 
@@ -363,128 +359,7 @@ def check_same_data(saved, meta, checkpoint, data_dir):
 
 
 # -----------------------------------------------------------------------------
-# writing: the bins, then meta.json
-
-def write_dataset(out_dir, meta, write):
-    """write(paths) fills both bins (and meta's counts) in a folder of their own beside out_dir,
-    then meta.json is written there, and that folder takes out_dir's place in one step
-    (files.replace_folder): a reader of out_dir sees the old dataset or the new one, whole, and a
-    failure before the swap leaves the old as it was. Under preparing(out_dir), which holds the
-    folder and clears what a killed prepare left."""
-    staging, target = beside(out_dir, 'new'), out_dir  # target: what a failure names
-    try:
-        os.makedirs(staging)
-        paths = {s: os.path.join(staging, f'{s}.bin') for s in SPLITS}
-        write(paths)
-        meta['digests'] = {s: file_digest(paths[s]) for s in SPLITS}
-        target = os.path.join(out_dir, 'meta.json')
-        write_json(os.path.join(staging, 'meta.json'), meta)
-        target = out_dir
-        replace_folder(staging, os.path.realpath(out_dir), beside(out_dir, 'old'))
-    except OSError as e:  # a full disk reports no file name, and a staged one means nothing
-        state = ("the dataset there before is as it was" if os.path.exists(
-            os.path.join(out_dir, 'meta.json')) else f"{out_dir} holds no dataset")
-        raise UserError(f"{fs_error(e, target)}; {state}") from None
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
-    print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
-          f"({meta['tokenizer']}, {meta['dtype']})")
-    return meta
-
-
-def beside(out_dir, what):
-    """<parent>/.<name>.<what>: the hidden files and folders a prepare of out_dir keeps next to it
-    (its lock, its owner, the new dataset while it is written, the old one while swapped out),
-    beside the real folder where out_dir is a link to it."""
-    folder = os.path.realpath(out_dir)
-    return os.path.join(os.path.dirname(folder), f'.{os.path.basename(folder)}.{what}')
-
-
-DATASET_FILES = (*BIN_NAMES, 'meta.json')
-
-
-@contextmanager
-def preparing(out_dir):
-    """One prepare per dataset folder: an exclusive lock beside it (filelock's; the OS releases it
-    however its holder ends), its holder named in .<name>.owner; a second prepare is refused in
-    one line that names the first. Under it, what a killed prepare left is cleared, and said."""
-    try:
-        os.makedirs(os.path.dirname(beside(out_dir, 'lock')), exist_ok=True)
-        lock = FileLock(beside(out_dir, 'lock'), timeout=0)
-        lock.acquire()
-    except Timeout:
-        raise UserError(f"{out_dir} is being prepared by {read_owner(beside(out_dir, 'owner'))}: "
-                        "wait for it to finish, or stop it") from None
-    except OSError as e:
-        raise UserError(fs_error(e, out_dir)) from None
-    try:
-        write_owner(beside(out_dir, 'owner'))
-        clear_leftovers(out_dir)
-        yield
-    finally:
-        if os.path.exists(beside(out_dir, 'owner')):  # while held: no other holder wrote it
-            os.remove(beside(out_dir, 'owner'))
-        lock.release()
-
-
-def check_replaceable(out_dir):
-    """A prepare replaces the whole folder: one that holds files prepare.py does not write (which
-    the swap would take with it) is refused before anything is read."""
-    others = sorted(set(os.listdir(out_dir)) - set(DATASET_FILES)) if os.path.isdir(out_dir) \
-        else []
-    if others:
-        raise UserError(f"{out_dir} holds files prepare.py does not write ({', '.join(others)}), "
-                        "and a prepare replaces the whole folder: move them out, or choose "
-                        "another --out_name")
-
-
-def write_owner(path):
-    try:
-        with open(path, 'w') as f:
-            f.write(f"prepare.py (pid {os.getpid()} on {socket.gethostname()})")
-    except OSError:
-        pass  # only a second prepare's message reads it
-
-
-def read_owner(path):
-    try:
-        with open(path) as f:
-            return f.read().strip() or 'another process'
-    except OSError:
-        return 'another process'
-
-
-def clear_leftovers(out_dir):
-    """What a prepare killed before it finished left (under its lock, no prepare is writing
-    them): the new dataset half-written beside out_dir is removed; the old one, swapped aside
-    where renameat2 is missing, is put back if out_dir is missing (a SIGKILL between the two
-    renames), else removed; temporary files of earlier versions inside out_dir are removed."""
-    said = []
-    for what in ('new', 'old'):
-        path = beside(out_dir, what)
-        if not os.path.lexists(path):
-            continue
-        if what == 'old' and not os.path.lexists(out_dir):
-            os.rename(path, os.path.realpath(out_dir))
-            said.append(f"put back {out_dir}, which a killed prepare had moved aside")
-            continue
-        said.append(f"removed {os.path.basename(path)} ({tree_size(path) / 2 ** 20:.1f} MiB)")
-        shutil.rmtree(path)
-    for name in (f'{f}.tmp' for f in DATASET_FILES):
-        path = os.path.join(out_dir, name)
-        if os.path.isfile(path):
-            said.append(f"removed {name} ({os.path.getsize(path) / 2 ** 20:.1f} MiB) from "
-                        f"{out_dir}")
-            os.remove(path)
-    if said:
-        print(f"a killed prepare of {out_dir} left files: {'; '.join(said)}")
-
-
-def tree_size(path):
-    return sum(os.path.getsize(os.path.join(folder, f))
-               for folder, _, names in os.walk(path) for f in names)
-
+# the bins' digests, which meta.json records
 
 def file_digest(path, each_chunk=None):
     """A bin's BLAKE2b digest, in hex: meta.json records it, so that a resume on other data of

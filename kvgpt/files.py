@@ -1,19 +1,13 @@
 """
 Files that are never half-written: each is written to a temporary name, then renamed over the old
-one, and a folder of them (a dataset) is made whole beside the old one, then swapped in; and the
-JSON and JSON-lines files (plain or gzipped) a run and a dataset keep.
+one; and the JSON and JSON-lines files (plain or gzipped) a run and a dataset keep.
 """
 
-import ctypes
-import errno
 import gzip
 import json
 import os
 import pathlib
-import shutil
-import signal
 import zlib
-from contextlib import contextmanager
 
 from kvgpt.errors import UserError
 
@@ -35,75 +29,10 @@ def atomic_write(path, write, before_replace=None):
             os.remove(tmp)
 
 
-def replace_folder(new, dest, aside):
-    """Make the folder `new` the folder at dest, and remove the one there before. Where the OS
-    can (Linux's renameat2), the two are exchanged in one step, so a reader of dest sees the old
-    folder or the new one, never neither and never a mix; elsewhere dest goes to `aside` and new
-    takes its place, two renames between which only a SIGKILL can stop this process (SIGINT and
-    SIGTERM wait until the swap is done), leaving dest missing and the old folder at aside."""
-    with signals_held():
-        if not os.path.lexists(dest):
-            os.rename(new, dest)
-        elif exchange(new, dest):
-            shutil.rmtree(new)  # the old folder, now under new's name
-        else:
-            os.rename(dest, aside)
-            try:
-                os.rename(new, dest)
-            except OSError:
-                os.rename(aside, dest)
-                raise
-            shutil.rmtree(aside)
-        sync_folder(os.path.dirname(os.path.abspath(dest)))
-
-
-def exchange(a, b):
-    """Swap the paths a and b in one step (renameat2's RENAME_EXCHANGE, Linux 3.15 on); False
-    where this OS or the filesystem cannot."""
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None)
-    if renameat2 is None:
-        return False
-    at_cwd, rename_exchange = -100, 2
-    if renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-        return False
-    raise OSError(code, os.strerror(code), b)
-
-
-@contextmanager
-def signals_held():
-    """SIGINT and SIGTERM held back until the block is done, then delivered (on POSIX)."""
-    if not hasattr(signal, 'pthread_sigmask'):
-        yield
-        return
-    held = {signal.SIGINT, signal.SIGTERM}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
 def read_only(folder):
     """Whether folder is on a filesystem mounted read-only (os.access cannot tell that from a
     folder this process may not write)."""
     return hasattr(os, 'statvfs') and bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-
-
-def sync_folder(path):
-    """A folder's entries on disk (its renames survive a power cut), where the OS allows."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_text(path, text):

@@ -14,8 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from kvgpt import data, files
-from kvgpt.data import open_dataset, preparing
+from kvgpt.data import open_dataset
 from kvgpt.errors import UserError
 from kvgpt.tokenizer import get_tokenizer
 import prepare
@@ -230,13 +229,13 @@ def full_disk_at(monkeypatch, point):
     elif point == 'meta.json':
         def write_json(path, obj):
             raise no_space()
-        monkeypatch.setattr('kvgpt.data.write_json', write_json)
+        monkeypatch.setattr(prepare, 'write_json', write_json)
     elif point == 'exchange':
         def exchange(a, b):
             raise OSError(errno.EIO, os.strerror(errno.EIO), b)
-        monkeypatch.setattr(files, 'exchange', exchange)
+        monkeypatch.setattr(prepare, 'exchange', exchange)
     else:  # without renameat2: the old folder aside, then the new one in
-        monkeypatch.setattr(files, 'exchange', lambda a, b: False)
+        monkeypatch.setattr(prepare, 'exchange', lambda a, b: False)
         real_rename = os.rename
 
         def rename(src, dst):  # the dataset aside, then the new one from .docs.new
@@ -779,7 +778,7 @@ def test_a_second_prepare_into_a_held_folder_is_refused_naming_the_holder(tmp_pa
     run(tmp_path, dataset=src, tokenizer='byte')
     out = tmp_path / 'data' / 'docs'
     before = contents(out)
-    with preparing(str(out)):  # as a prepare.py running now holds it
+    with prepare.preparing(str(out)):  # as a prepare.py running now holds it
         with pytest.raises(UserError) as refused:
             run(tmp_path, dataset=src, tokenizer='byte', seed=5, force=True)
     assert str(refused.value) == (f"{out} is being prepared by prepare.py (pid {os.getpid()} on "
@@ -824,17 +823,17 @@ def killed_at(step, signum, out_dir, kw):
             os.kill(os.getpid(), signum)
 
         real_replace, real_exchange, real_rename, real_rmtree = (
-            data.replace_folder, files.exchange, os.rename, shutil.rmtree)
+            prepare.replace_folder, prepare.exchange, os.rename, shutil.rmtree)
         if step == 'staged':
-            data.replace_folder = lambda *a: (hit(), real_replace(*a))
+            prepare.replace_folder = lambda *a: (hit(), real_replace(*a))
         elif step in ('exchanged', 'removing'):
-            files.exchange = lambda a, b: (real_exchange(a, b), hit())[0]
+            prepare.exchange = lambda a, b: (real_exchange(a, b), hit())[0]
         else:
             def rename(a, b):
                 real_rename(a, b)
                 if os.path.basename(a) == ('docs' if step == 'aside' else '.docs.new'):
                     hit()
-            files.exchange, os.rename = (lambda a, b: False), rename
+            prepare.exchange, os.rename = (lambda a, b: False), rename
         if step == 'removing':
             def rmtree(path, *a, **k):
                 first = sorted(os.listdir(path))[0]
