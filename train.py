@@ -11,13 +11,14 @@ atomically, never from a non-finite state, and a resume continues bit for bit. C
 SIGTERM saves and stops (exit code 128 + the signal's number); --init_from=auto continues.
 
 Under torchrun every rank runs all of this. Some calls are collectives, which every rank must
-make, in the same order; the loop's are named so: all_ranks_evaluate, all_ranks_save,
-all_ranks_check_finite, all_ranks_log_step, all_ranks_stop and
-run.signals.all_ranks_agree_to_stop. The others are the step's backward (DDP averages the
-gradients), and the run's start and end. Rank 0 alone writes, inside them, so nanoGPT's
-`if master_process: save()` is not wanted here: rank 0 would wait for the others in vain, and
-fail after the process group's timeout (KVGPT_COLLECTIVE_TIMEOUT seconds; torch's default is 30
-minutes for gloo) with one line naming the call.
+make, in the same order; they are named so: all_ranks_evaluate, all_ranks_save,
+all_ranks_check_finite, all_ranks_log_step, all_ranks_stop, and within them
+run.state.all_ranks_state_dict (it gathers every rank's RNG), run.signals.all_ranks_agree_to_stop
+and run.signals.all_ranks_share (an evaluation's batches). The others are the step's backward
+(DDP averages the gradients), and the run's start and end. Rank 0 alone writes, inside them, so
+nanoGPT's `if master_process: save()` is not wanted here: rank 0 would wait for the others in
+vain, and fail after the process group's timeout (KVGPT_COLLECTIVE_TIMEOUT seconds; torch's
+default is 30 minutes for gloo) with one line naming the call.
 """
 from kvgpt.errors import quiet_imports  # first: Ctrl-C in the imports below is one line
 quiet_imports(__name__)
@@ -255,10 +256,18 @@ def scratch_model(c, meta, master):
 
 
 def checkpoint_model(c, meta, master):
-    """A resume's or a branch's model, from its checkpoint, which must have been trained on this
-    data; the loop state and the optimizer's come from the checkpoint too (restore)."""
+    """A resume's or a branch's model, from its checkpoint; the loop state and the optimizer's
+    come from the checkpoint too (restore)."""
     path = checkpoint_path(c)
     model, ckpt = model_from_checkpoint(path, verbose=master, resume=True)
+    check_continues(c, ckpt, meta, path, master)
+    return model, ckpt
+
+
+def check_continues(c, ckpt, meta, path, master):
+    """What a resume or a branch must fit: the data the checkpoint was trained on, a step below
+    max_iters (a branch), and the schedule it was trained with (a note where it differs); the
+    checkpoint's model settings win over the run's, and a note names those that differ."""
     check_same_data(ckpt.get('meta'), meta, path, f"{c['data_root']}/{c['dataset']}")
     branch = c['init_from'] != 'resume' and not c['eval_only']
     if branch and ckpt['iter_num'] >= c['max_iters']:
@@ -271,7 +280,6 @@ def checkpoint_model(c, meta, master):
     if changed and master:
         print("resuming: the checkpoint's model settings win over "
               + ', '.join(f'{k}={c[k]!r}' for k in changed))
-    return model, ckpt
 
 
 def pretrained_model(c, meta, master):
@@ -369,7 +377,8 @@ class LoopState:
     tokens_seen: int = 0  # counted: a resume may change a step's tokens
     ckpt_is_best: bool = False  # out_dir's ckpt.pt holds the best evaluation's state (keep_best)
 
-    def state_dict(self):
+    @all_ranks
+    def all_ranks_state_dict(self):
         """The checkpoint's entries, on every rank: the RNG's gathers every rank's."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return {k: (v.state_dict() or None) if hasattr(v, 'state_dict') else v
@@ -571,7 +580,7 @@ def all_ranks_evaluate(run):
         entry['val_loss_full'] = mean_loss(run, run.model, 'val', run.data.tiling('val', n), True)
     interval = c['hellaswag_interval']
     if run.hellaswag and ('val_loss_full' in entry or interval and iter_num % interval == 0):
-        entry.update(run.hellaswag(run.model, run.signals.share))  # the ranks share the items
+        entry.update(run.hellaswag(run.model, run.signals.all_ranks_share))  # the items shared
     if run.probe is not None:
         entry.update(run.probe(run.model))
     entry['eval_s'] = time.time() - t0
@@ -593,7 +602,8 @@ def mean_loss(run, model, split, batches, per_token=False):
     per_token of every target. The ranks split the batches; a signal stops it within one."""
     total = torch.zeros(2, dtype=torch.float64, device=run.process.device)
     model.eval()
-    for starts, length in (batches[i] for i in run.signals.share(range(len(batches)))):
+    shared = run.signals.all_ranks_share(range(len(batches)))  # an all-reduce before each round
+    for starts, length in (batches[i] for i in shared):
         x, y = run.data.batch(split, starts, run.process.device, length)
         with run.device_setup.ctx:
             _, loss = model(x, y)
@@ -632,7 +642,7 @@ def all_ranks_save(run, reason, name='ckpt.pt'):
     part: the loop state's RNG gathers every rank's, and the ranks agree on failure, so a save that
     fails on rank 0 ends every rank with its message, not a hang. Once ckpt.pt is written, the
     run's record may describe it."""
-    loop_state, iter_num = run.state.state_dict(), run.state.iter_num  # the RNG's: a collective
+    loop_state, iter_num = run.state.all_ranks_state_dict(), run.state.iter_num
     path, error, master = os.path.join(run.settings['out_dir'], name), None, run.process.master
     kept = (f"the previous {path} is untouched" if os.path.exists(path) else
             f"{path} is not written")

@@ -164,7 +164,8 @@ def test_ranks_share_the_items_and_their_counts_sum_to_one_process(tmp_path):
     tok, items = get_tokenizer('byte'), hellaswag.load(write_items(tmp_path / 'i.jsonl'))
     one = hellaswag.during_training(model, tok, items, torch.no_grad(), 'cpu', 8, iter,
                                     lambda counts: None)
-    shares = [lambda rounds, r=r: rounds[r::2] for r in range(2)]  # two ranks, as Signals.share
+    # two ranks, as Signals.all_ranks_share shares them
+    shares = [lambda rounds, r=r: rounds[r::2] for r in range(2)]
     totals = []
     for share in shares:
         hellaswag.during_training(model, tok, items, torch.no_grad(), 'cpu', 8, share,
