@@ -40,7 +40,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from evals import hellaswag
 from kvgpt import checkpoint, distributed
-from kvgpt.checkpoint import load_optimizer_state, model_from_checkpoint, save_checkpoint
+from kvgpt.checkpoint import (best_checkpoint, drop_best, keep_best, load_optimizer_state,
+                              model_from_checkpoint, save_checkpoint)
 from kvgpt.config import (BELOW_ONE, FRACTION, NOT_NEGATIVE, POSITIVE, STEPS, Key, Kind,
                           defaults, keys, parse_config, print_overrides)
 from kvgpt.data import Dataset, check_fits, check_same_data, open_or_prepare
@@ -48,7 +49,6 @@ from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import (SameOnEveryRank, UserError, fs_error, model_errors, quiet_hub,
                           run_main)
-from kvgpt.files import atomic_write
 from kvgpt.optimizer import MUON_SCALES, OPTIMIZERS, build_optimizer
 from kvgpt.signals import Interrupted, Signals
 from kvgpt.tracking import Record, StepTimer, format_eta, open_trackers, wandb_run_id
@@ -375,7 +375,7 @@ class LoopState:
     iter_num: int = 0
     best_val_loss: float = math.inf
     tokens_seen: int = 0  # counted: a resume may change a step's tokens
-    ckpt_is_best: bool = False  # out_dir's ckpt.pt holds the best evaluation's state (keep_best)
+    ckpt_is_best: bool = False  # ckpt.pt holds the best evaluation's state (checkpoint.keep_best)
 
     @all_ranks
     def all_ranks_state_dict(self):
@@ -503,7 +503,8 @@ def all_ranks_stop(run, nonfinite):
     if not c['eval_only']:  # eval_only trains nothing, and never saves
         # the resume point replaces ckpt.pt: with always_save_checkpoint=False that may be the
         # best evaluation's state, which is kept first, or nothing is saved
-        problem = keep_best(run) if master and not c['always_save_checkpoint'] else None
+        problem = (keep_best(c['out_dir'], run.state) if master and not c['always_save_checkpoint']
+                   else None)
         if distributed.any_rank(run.process, problem is not None):
             if master:
                 print(f"{problem}: not saving, so that ckpt.pt stays the best evaluation's; "
@@ -514,27 +515,6 @@ def all_ranks_stop(run, nonfinite):
     if master:
         print(f"stopped by a signal at iter {run.state.iter_num} ({run.signals.describe()}); "
               "continue with --init_from=resume (or auto)", flush=True)
-
-
-def keep_best(run):
-    """ckpt.pt, when it holds the best evaluation's state, hard-linked as ckpt_best.pt: the
-    signal's save then replaces ckpt.pt by a rename, and the best stays whole. None, or what
-    failed."""
-    path = os.path.join(run.settings['out_dir'], 'ckpt.pt')
-    if not run.state.ckpt_is_best or not os.path.exists(path):
-        return None
-    best = best_checkpoint(run.settings)
-    try:
-        atomic_write(best, lambda staged: os.link(path, staged))
-    except OSError as e:
-        return f"could not keep the best checkpoint: {fs_error(e, best)}"
-    print(f"kept ckpt.pt as {best}: the best evaluation's (val loss "
-          f"{run.state.best_val_loss:.4f})")
-    return None
-
-
-def best_checkpoint(c):
-    return os.path.join(c['out_dir'], 'ckpt_best.pt')
 
 
 @all_ranks
@@ -670,16 +650,7 @@ def all_ranks_save(run, reason, name='ckpt.pt'):
     if run.process.master:
         print(f"saved {path} at iter {iter_num} ({reason})")
         if name == 'ckpt.pt' and run.state.ckpt_is_best:
-            drop_best(run.settings)
-
-
-def drop_best(c):
-    """ckpt_best.pt, once ckpt.pt is better: it would name an older state as the best."""
-    try:
-        if os.path.exists(best_checkpoint(c)):
-            os.remove(best_checkpoint(c))
-    except OSError as e:
-        print(f"note: {fs_error(e, best_checkpoint(c), 'remove')}; ckpt.pt is the best now")
+            drop_best(run.settings['out_dir'])
 
 
 def restore(run, ckpt):
@@ -768,10 +739,10 @@ def train(c):
         if process.master and not c['eval_only'] and signals.stopped is None:
             run.record.finish(run.state.iter_num)
             saved = os.path.exists(os.path.join(c['out_dir'], 'ckpt.pt'))
-            best = os.path.exists(best_checkpoint(c))  # a signal's save took ckpt.pt
+            best = os.path.exists(best_checkpoint(c['out_dir']))  # a signal's save took ckpt.pt
             print(f"finished at iter {run.state.iter_num} in {format_eta(time.time() - t0)}; "
                   + (f"sample from the best evaluation's: python sample.py --init_from="
-                     f"{shlex.quote(best_checkpoint(c))}" if best else
+                     f"{shlex.quote(best_checkpoint(c['out_dir']))}" if best else
                      f"sample from it: python sample.py --out_dir={shlex.quote(c['out_dir'])}"
                      if saved else "no checkpoint was saved (nothing trained, or "
                      "always_save_checkpoint=False and no evaluation improved)"))

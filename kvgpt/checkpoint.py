@@ -93,6 +93,38 @@ def load_optimizer_state(optimizer, model, ckpt, path, name):
 
 
 # -----------------------------------------------------------------------------
+# ckpt_best.pt: with always_save_checkpoint=False, ckpt.pt holds the best evaluation's state,
+# which a signal's save (the resume point) would replace
+
+def best_checkpoint(out_dir):
+    return os.path.join(out_dir, 'ckpt_best.pt')
+
+
+def keep_best(out_dir, state):
+    """ckpt.pt, when it holds the best evaluation's state (state.ckpt_is_best), hard-linked as
+    ckpt_best.pt: the signal's save then replaces ckpt.pt by a rename, and the best stays whole.
+    None, or what failed."""
+    path, best = os.path.join(out_dir, 'ckpt.pt'), best_checkpoint(out_dir)
+    if not state.ckpt_is_best or not os.path.exists(path):
+        return None
+    try:
+        atomic_write(best, lambda staged: os.link(path, staged))
+    except OSError as e:
+        return f"could not keep the best checkpoint: {fs_error(e, best)}"
+    print(f"kept ckpt.pt as {best}: the best evaluation's (val loss {state.best_val_loss:.4f})")
+    return None
+
+
+def drop_best(out_dir):
+    """ckpt_best.pt, once ckpt.pt is better: it would name an older state as the best."""
+    try:
+        if os.path.exists(best_checkpoint(out_dir)):
+            os.remove(best_checkpoint(out_dir))
+    except OSError as e:
+        print(f"note: {fs_error(e, best_checkpoint(out_dir), 'remove')}; ckpt.pt is the best now")
+
+
+# -----------------------------------------------------------------------------
 # the resume policy, and one run per out_dir
 
 def resolve_init(c, master):
