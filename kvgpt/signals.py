@@ -79,8 +79,7 @@ class Signals:
         rank, number = self.stopped
         return signal.Signals(number).name + (f" on rank {rank}" if self.process.ddp else "")
 
-    @distributed.all_ranks
-    def all_ranks_share(self, items):
+    def all_ranks_share(self, items):  # a generator: its callers' @all_ranks names a failure
         """This rank's items (every world-th, from its rank), asking before each round whether a
         signal arrived on any rank: an evaluation stops within one batch of it (every rank asks
         equally often, so none waits in a collective the others skip)."""

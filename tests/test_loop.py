@@ -69,7 +69,9 @@ def test_the_docstring_names_every_all_ranks_call_and_each_fails_clearly():
     for name in used:
         function = next(getattr(owner, name) for owner in (train, train.LoopState, Signals)
                         if hasattr(owner, name))
-        assert hasattr(function, '__wrapped__'), name  # @all_ranks
+        # @all_ranks; a generator's failures come while its caller iterates, and that caller's
+        # @all_ranks names them (all_ranks_share's: all_ranks_evaluate)
+        assert hasattr(function, '__wrapped__') or inspect.isgeneratorfunction(function), name
 
 
 @pytest.mark.xdist_group('torchrun')
