@@ -123,10 +123,13 @@ def test_the_root_holds_the_cards_scripts_and_the_shared_modules_sit_in_kvgpt():
     assert set(root) == {'model.py', 'train.py', 'prepare.py', 'sample.py', 'bench.py',
                          'test_model.py', 'conftest.py'}, root
     assert os.path.isdir(os.path.join(HERE, 'lab', 'studies'))
-    # every shared module is named for what it holds, one hop from the scripts
-    assert sorted(f for f in os.listdir(os.path.join(HERE, 'kvgpt')) if f.endswith('.py')) == [
-        '__init__.py', 'checkpoint.py', 'config.py', 'data.py', 'device.py', 'distributed.py',
-        'errors.py', 'files.py', 'optimizer.py', 'signals.py', 'tokenizer.py', 'tracking.py']
+    # every shared module sits one hop from the scripts and opens by saying what it holds (a
+    # module added here needs only that, not an entry in this test)
+    shared = sorted(f for f in os.listdir(os.path.join(HERE, 'kvgpt')) if f.endswith('.py'))
+    assert {'checkpoint.py', 'config.py', 'data.py', 'distributed.py'} <= set(shared)
+    for name in shared:
+        source = open(os.path.join(HERE, 'kvgpt', name)).read()
+        assert ast.get_docstring(ast.parse(source)), f"kvgpt/{name} has no docstring"
 
 
 def test_each_job_lives_in_the_module_named_for_it_and_train_py_does_none_of_them_itself():
