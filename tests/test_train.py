@@ -1002,6 +1002,40 @@ def test_a_run_whose_data_changes_under_it_stops_in_one_line(data_root, tmp_path
     assert max(e['iter'] for e in read_log(out)) <= 8
 
 
+@pytest.mark.xdist_group('torchrun')
+@pytest.mark.long
+@pytest.mark.slow
+def test_data_changed_under_a_ddp_run_stops_every_rank_at_its_next_save(data_root, tmp_path):
+    """Every rank asks its own files before a save, and the ranks agree: both stop with the one
+    line, none waits for the other, and the checkpoint stays the last one before the change."""
+    data = tmp_path / 'data' / 'tiny'
+    shutil.copytree(os.path.join(data_root, 'tiny'), data)
+    # a probe (rank 0's evaluation hook) that changes train.bin in place at the third evaluation
+    (tmp_path / 'changer.py').write_text(
+        "import os\n"
+        "calls = []\n"
+        "def probe(data, c, device):\n"
+        "    def hook(model):\n"
+        "        calls.append(1)\n"
+        "        if len(calls) == 3:\n"
+        f"            with open({str(data / 'train.bin')!r}, 'r+b') as f:\n"
+        "                f.seek(100); b = f.read(1)[0]; f.seek(100); f.write(bytes([b ^ 1]))\n"
+        "        return {}\n"
+        "    return hook\n")
+    out = tmp_path / 'ddp'
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(tmp_path))
+    r = subprocess.run([*TORCHRUN, '--standalone', '--nproc_per_node=2', 'train.py',
+                        *argv(str(data.parent), out, max_iters=8, eval_interval=2, dropout=0.0,
+                              probe='changer')],
+                       cwd=HERE, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode != 0
+    said = [line for line in r.stderr.splitlines() if line.startswith('error: ')]
+    assert len(said) == 2 and all(re.match(
+        rf"error: {data} changed under this run \(train.bin was written to\): stopped", line)
+        for line in said), r.stderr[-2000:]
+    assert load_checkpoint(str(out / 'ckpt.pt'))['iter_num'] == 2
+
+
 def test_a_resume_after_a_change_in_place_is_refused_in_one_line(data_root, tmp_path,
                                                                  command_line):
     """The bins are read whole at a resume and compared with the digests meta.json (and the
