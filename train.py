@@ -366,10 +366,11 @@ def check_schedule(source, c, step, path):
 
 @dataclass
 class LoopState:
-    """What a resume restores besides the weights and AdamW's state: all_ranks_save() writes each
-    field under its own name in the checkpoint and restore() reads each back, so state added here
-    needs no other change. A field with a state_dict() (the scaler, the RNG) is saved as that (None
-    when empty) and loaded back with its load_state_dict()."""
+    """What a resume restores besides the weights and the optimizer's state: all_ranks_save()
+    writes each field under its own name in the checkpoint and restore() reads each back, so state
+    added here is saved and resumed with no other change (list it in checkpoint.RESUME_ENTRIES to
+    have a damaged value named on load). A field with a state_dict() (the scaler, the RNG) is saved
+    as that (None when empty) and loaded back with its load_state_dict()."""
     scaler: torch.amp.GradScaler  # float16's loss scale
     rng: distributed.RankRNG  # every rank's generators (dropout)
     iter_num: int = 0
