@@ -13,7 +13,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."  # the repository root
 OUT=${OUT:-gpu-check}
-mkdir -p "$OUT"
 DATA=${DATA_ROOT:-data}  # where the embedded corpus is prepared; the dry run keeps it under $OUT
 export PYTHONUNBUFFERED=1
 if [ "${DRY_RUN:-0}" = 1 ]; then
@@ -29,6 +28,7 @@ else
   TRAIN="--batch_size=16 --gradient_accumulation_steps=1"
   STEPS=60; SAMPLE="--max_new_tokens=500"; TOK=gpt2
 fi
+mkdir -p "$OUT"  # after the check: a machine without a GPU is left as it was
 PARTS=${PARTS:-tests bench muon run sample}
 : > "$OUT/failed.txt"
 run() { echo "== $*" | tee -a "$OUT/log.txt"; "$@" 2>&1 | tee -a "$OUT/log.txt"; }
