@@ -87,6 +87,10 @@ def test_exported_tokenizer_is_gpt2s(runs, tmp_path):
     text = "def encode(self, text):\n    return ids  # naïve café"
     assert tok.encode(text) == get_tokenizer('gpt2').encode(text)
     assert tok.eos_token_id == 50256
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {f: os.stat(tmp_path / 'hf' / f).st_mode & 0o777 for f in os.listdir(tmp_path / 'hf')}
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)  # as any file this user writes
 
 
 @pytest.mark.slow

@@ -189,6 +189,11 @@ def export(c):
     try:
         hf.save_pretrained(tmp, safe_serialization=True)
         write_tokenizer(tmp, model.config.block_size)
+        umask = os.umask(0)
+        os.umask(umask)
+        for name in os.listdir(tmp):  # transformers writes some files 0600: as any file written
+            if os.path.isfile(os.path.join(tmp, name)):
+                os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
     except BaseException:  # a failed export leaves nothing behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
