@@ -49,7 +49,7 @@ from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import (SameOnEveryRank, UserError, fs_error, model_errors, quiet_hub,
                           run_main)
-from kvgpt.optimizer import MUON_SCALES, OPTIMIZERS, build_optimizer
+from kvgpt.optimizer import MUON_SCALES, OPTIMIZERS, STATE_SETTINGS, build_optimizer
 from kvgpt.signals import Interrupted, Signals
 from kvgpt.tracking import Record, StepTimer, format_eta, open_trackers, wandb_run_id
 from model import GPT, QUERY_MODES, GPTConfig, upgrade_query
@@ -203,10 +203,16 @@ def model_args_from(c, meta):
     return args
 
 
-def model_settings(ckpt):
-    """The checkpoint's model settings that win over a resume's: all but block_size, which is
-    also train.py's window length, and a resume may train on shorter windows."""
-    return {k: v for k, v in ckpt['model_args'].items() if k != 'block_size'}
+def checkpoint_settings(ckpt, optimizer):
+    """The checkpoint's settings that win over a resume's or a branch's: its model's, all but
+    block_size (also train.py's window length: a resume may train on shorter windows), and those
+    its optimizer state holds (torch's load_state_dict restores them with it: the betas, the weight
+    decay, Muon's momentum). The LR is the run's own schedule's."""
+    won = {k: v for k, v in ckpt['model_args'].items() if k != 'block_size'}
+    trained = ckpt.get('config') or {}
+    if 'optimizer' in ckpt:
+        won.update({k: trained[k] for k in STATE_SETTINGS[optimizer] if k in trained})
+    return won
 
 
 def pretrained_overrides(c, model):
@@ -267,7 +273,8 @@ def checkpoint_model(c, meta, master):
 def check_continues(c, ckpt, meta, path, master):
     """What a resume or a branch must fit: the data the checkpoint was trained on, a step below
     max_iters (a branch), and the schedule it was trained with (a note where it differs); the
-    checkpoint's model settings win over the run's, and a note names those that differ."""
+    checkpoint's model and optimizer settings win over the run's, and a note names those that
+    differ."""
     check_same_data(ckpt.get('meta'), meta, path, f"{c['data_root']}/{c['dataset']}")
     branch = c['init_from'] != 'resume' and not c['eval_only']
     if branch and ckpt['iter_num'] >= c['max_iters']:
@@ -276,9 +283,10 @@ def check_continues(c, ckpt, meta, path, master):
                         "earlier checkpoint or a larger --max_iters")
     if master and not c['eval_only']:
         check_schedule(ckpt.get('config'), c, ckpt['iter_num'], path)
-    changed = [k for k, v in model_settings(ckpt).items() if c.get(k) is not None and c[k] != v]
+    changed = [k for k, v in checkpoint_settings(ckpt, c['optimizer']).items()
+               if c.get(k) is not None and c[k] != v]
     if changed and master:
-        print("resuming: the checkpoint's model settings win over "
+        print("resuming: the checkpoint's settings win over "
               + ', '.join(f'{k}={c[k]!r}' for k in changed))
 
 
@@ -685,11 +693,12 @@ def setup(c, process, signals):
                   f"{c['max_iters']}: this run ends in its warmup, at a learning rate of "
                   f"{get_lr(c['max_iters'] - 1, c):.3g}, not its peak {c['learning_rate']:g}")
     model, ckpt = build_model(c, data.meta, process.master)
-    config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
-    if ckpt is not None:  # the checkpoint's model wins over a resume's model settings: record it
-        config.update({k: v for k, v in model_settings(ckpt).items() if c.get(k) is not None})
+    if ckpt is not None:  # the checkpoint's model and optimizer win: the record says what trains
+        c.update({k: v for k, v in checkpoint_settings(ckpt, c['optimizer']).items()
+                  if c.get(k) is not None})
     elif c['init_from'] != 'scratch':  # so do GPT-2's weights
-        config.update({k: getattr(model.config, k) for k in pretrained_overrides(c, model)})
+        c.update({k: getattr(model.config, k) for k in pretrained_overrides(c, model)})
+    config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
     model.to(dev.device)
     state = LoopState(torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16'),
                       distributed.RankRNG(process))

@@ -11,6 +11,10 @@ import torch
 
 OPTIMIZERS = ('adamw', 'muon')
 MUON_SCALES = ('match_rms_adamw', 'original')
+# the settings an optimizer's state dict holds in its param groups, which load_state_dict
+# restores: a resume or a branch goes on with its checkpoint's (the LR is the schedule's)
+STATE_SETTINGS = {'adamw': ('weight_decay', 'beta1', 'beta2'),
+                  'muon': ('weight_decay', 'beta1', 'beta2', 'muon_momentum', 'muon_scale')}
 
 
 def build_optimizer(model, c, device_type):

@@ -24,7 +24,7 @@ from kvgpt.errors import UserError
 from kvgpt.files import read_jsonl
 from kvgpt.signals import Signals
 import prepare
-from test_train import HERE, argv, read_log, run
+from test_train import HERE, argv, losses, read_log, run
 import train
 
 RECORD = ('config.json', 'log.jsonl', 'ckpt.pt')
@@ -636,9 +636,33 @@ def test_a_resume_records_the_checkpoints_model_not_the_ignored_settings(data_ro
     run(data_root, tmp_path, max_iters=10)
     n_embd = json.loads((tmp_path / 'config.json').read_text())['n_embd']
     run(data_root, tmp_path, init_from='resume', max_iters=20, n_embd=2 * n_embd)
-    assert "the checkpoint's model settings win over n_embd=" in capsys.readouterr().out
+    assert "the checkpoint's settings win over n_embd=" in capsys.readouterr().out
     config = json.loads((tmp_path / 'config.json').read_text())
     assert config['n_embd'] == config['model_args']['n_embd'] == n_embd
+
+
+@pytest.mark.parametrize('optimizer,changed', [
+    ('adamw', dict(weight_decay=0.05, beta2=0.99)),
+    ('muon', dict(weight_decay=0.05, muon_momentum=0.9, muon_scale='original'))])
+def test_a_resume_goes_on_with_the_checkpoints_optimizer_settings_and_records_them(
+        data_root, tmp_path, capsys, optimizer, changed):
+    """The optimizer's state holds its hyperparameters (betas, weight decay, Muon's momentum), and
+    torch's load_state_dict restores them: the resume trains on with the checkpoint's, says which
+    on its command line it ignores, and config.json and the next checkpoint record what it trains
+    with. The schedule's LR is the run's own (a note where it differs)."""
+    straight = run(data_root, tmp_path / 'straight', max_iters=8, eval_interval=4,
+                   optimizer=optimizer)
+    run(data_root, tmp_path / 'run', max_iters=4, eval_interval=4, optimizer=optimizer)
+    capsys.readouterr()
+    resumed = run(data_root, tmp_path / 'run', init_from='resume', max_iters=8, eval_interval=4,
+                  optimizer=optimizer, **changed)
+    assert ("resuming: the checkpoint's settings win over "
+            + ', '.join(f'{k}={v!r}' for k, v in changed.items()) in capsys.readouterr().out)
+    assert losses(resumed) == losses(straight)  # the checkpoint's settings, bit for bit
+    config = json.loads((tmp_path / 'run' / 'config.json').read_text())
+    saved = load_checkpoint(str(tmp_path / 'run' / 'ckpt.pt'))['config']
+    for k in changed:
+        assert config[k] == saved[k] == train.DEFAULTS[k], k
 
 
 def test_a_resume_on_shorter_windows_records_them(data_root, tmp_path, capsys):
