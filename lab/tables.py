@@ -971,7 +971,7 @@ def onset_text(step):
 
 
 def correlation_cells(xs, ys):
-    """'r [95% interval] (p) | Spearman rho (exact p)' of paired values; '-' under four
+    """'r [95% interval] (p) | Spearman rho (permutation p)' of paired values; '-' under four
     points."""
     from scipy.stats import pearsonr, spearmanr
     if len(xs) < 4 or len(set(xs)) < 2:
@@ -1015,7 +1015,8 @@ def onsets_table(ctx, pairs, thresholds):
     both arms' induction onsets at the first threshold (the first evaluation whose strongest head
     reaches it), the delay, and both arms' peak scores; then, at every threshold, how many seeds'
     arm forms its head later (sign test), the correlation of the final gap with the delay across
-    seeds (Pearson with Fisher's 95% interval, Spearman beside, its p exact), and beside them what
+    seeds (Pearson with Fisher's 95% interval, Spearman beside, its permutation p: exact to 12
+    seeds), and beside them what
     confounds it: within each arm, the correlation of the full val loss with the onset, and the
     gap at equal onset (confound_cells). A never counts as the run's last evaluation plus one
     interval; a seed where neither arm reaches the threshold has no delay and sits out."""
@@ -1034,9 +1035,11 @@ def onsets_table(ctx, pairs, thresholds):
                         f"{ctx.loss(arm):.4f} | {onset_text(ons[0])}, "
                         f"{onset_text(ons[1])} | {'–' if delay is None else f'{delay:+d}'} | "
                         f"{peaks[0]:.3f}, {peaks[1]:.3f} |")
+    exact = all(len(runs) <= stats.EXACT_PAIRINGS for _, runs in done)
     lines = md.head('pair', 'threshold', 'seeds with a delay',
                     'arm later, same, earlier (sign test p)', 'mean delay (steps)',
-                    'r of the final gap with the delay [95%] (p)', 'Spearman ρ (exact p)',
+                    'r of the final gap with the delay [95%] (p)',
+                    'Spearman ρ (exact p)' if exact else 'Spearman ρ (permutation p)',
                     'r of the full val loss with the onset, within ref, within arm',
                     'gap at equal onset')
     for c, runs in done:
@@ -1054,8 +1057,12 @@ def onsets_table(ctx, pairs, thresholds):
     return ('\n'.join(rows) + '\n\n' + '\n'.join(lines) + f"\n\nPairs: {legend}. A never counts "
             "as the run's last evaluation plus one interval (a lower bound); a seed where neither "
             "arm reaches the threshold has no delay and sits out. Sign test: exact, two-sided, "
-            "over the seeds whose onsets differ. Spearman's p: exact, over every pairing of the "
-            "delays with the gaps. Within each arm: Pearson's r of its runs' full val loss with "
+            "over the seeds whose onsets differ. Spearman's p: " + (
+                "exact, over every pairing of the delays with the gaps" if exact else
+                f"over the pairings of the delays with the gaps, every one up to "
+                f"{stats.EXACT_PAIRINGS} seeds, above that {stats.DRAWS:,} random ones from a "
+                "fixed seed, (hits + 1) / (draws + 1), within about 0.0005 of the exact p")
+            + ". Within each arm: Pearson's r of its runs' full val loss with "
             "their onsets, over the same seeds. Gap at equal onset: the arm's coefficient in a "
             "least-squares fit of every run's full val loss on its onset and its arm, in % of the "
             "reference's mean loss; descriptive (the onset is an outcome of training, not a "

@@ -72,6 +72,21 @@ def test_spearmans_exact_p_counts_every_pairing_ties_included():
             assert stats.spearman_p(xs, ys) == pytest.approx(hits / len(rhos)), (xs, ys)
 
 
+def test_spearmans_p_above_twelve_points_draws_pairings_from_a_fixed_seed():
+    """Where counting every pairing would not fit (2^n arrays), a fixed seed's random pairings:
+    close to the exact p where both can be had, the same p every time, and at 20 points in order
+    (|rho| 1: 2 of 20! pairings) no draw reaches it, so p is 1 / (draws + 1)."""
+    rng = random.Random(1)
+    xs = [rng.choice((0, 100, 200, 300)) for _ in range(9)]
+    ys = [round(rng.gauss(0, 1), 1) for _ in range(9)]
+    exact = stats.spearman_p(xs, ys)
+    drawn = stats.spearman_p(xs, ys, exact_up_to=8)
+    assert 0.05 < exact < 0.95 and abs(drawn - exact) < 4 * (exact * (1 - exact) / 1e6) ** 0.5
+    xs, ys = list(range(20)), [rng.gauss(0, 1) for _ in range(20)]
+    assert stats.spearman_p(xs, ys) == stats.spearman_p(xs, ys)  # the same draws
+    assert stats.spearman_p(xs, xs) == stats.spearman_p(xs, xs[::-1]) == 1 / (stats.DRAWS + 1)
+
+
 def test_resolution_is_the_gap_a_t_test_detects_with_80_percent_power():
     # simulated paired t tests at the returned gap: 80% of them reject (+-0.6% at 3 sigma)
     from scipy import stats as scipy_stats

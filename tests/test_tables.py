@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from lab import tables
+from lab import stats, tables
 
 
 def curve(delay, evals=range(0, 1300, 100)):
@@ -332,6 +332,22 @@ def test_the_onset_confounds_are_each_arms_own_correlation_and_the_gap_at_equal_
     assert tables.confound_cells(rows[:3]) == '- | -'  # under four seeds
     # later on 3 seeds, the same on 1, earlier on 1: 3 of 4 differing, p = 2 (4 + 1) / 16
     assert tables.sign_cell([100, 0, -50, 200, 300]) == "3, 1, 1 (0.625)"
+
+
+def test_the_onset_table_of_twenty_seeds_gives_spearmans_p_from_random_pairings():
+    """20 seeds' pairings are too many to count (the exact p's arrays would take 90 GiB): the p
+    comes from a fixed seed's random pairings, and the header and the note say so."""
+    runs = {}
+    for seed in range(1, 21):  # delays 100 x seed, gaps 0.1 x seed: rho +1
+        runs[('ref', seed)] = (100, 0.2, 1.0)
+        runs[('arm', seed)] = (100 + 100 * seed, 0.1, 1 + seed / 1000)
+    c = dict(label='4×', arm='arm', ref='ref', seeds=tuple(range(1, 21)))
+    text = tables.onsets_table(Onsets(runs, evals=range(0, 3000, 100)), [c], (0.05,))
+    assert '| Spearman ρ (permutation p) |' in text and 'ρ (exact p)' not in text
+    assert "20 of 20 | 20, 0, 0 (2e-06) |" in text
+    assert f"| +1.00 ({tables.fmt_p(1 / (stats.DRAWS + 1))}) |" in text  # no draw reaches it
+    assert ("Spearman's p: over the pairings of the delays with the gaps, every one up to 12 "
+            "seeds, above that 1,000,000 random ones from a fixed seed") in text
 
 
 def test_the_onset_table_waits_for_every_seed_of_a_pair():
