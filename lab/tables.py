@@ -1061,7 +1061,7 @@ def onsets_table(ctx, pairs, thresholds):
                 "exact, over every pairing of the delays with the gaps" if exact else
                 f"over the pairings of the delays with the gaps, every one up to "
                 f"{stats.EXACT_PAIRINGS} seeds, above that {stats.DRAWS:,} random ones from a "
-                "fixed seed, (hits + 1) / (draws + 1), within about 0.0005 of the exact p")
+                "fixed seed, (hits + 1) / (draws + 1), with a standard error of at most 0.0005")
             + ". Within each arm: Pearson's r of its runs' full val loss with "
             "their onsets, over the same seeds. Gap at equal onset: the arm's coefficient in a "
             "least-squares fit of every run's full val loss on its onset and its arm, in % of the "
