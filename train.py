@@ -229,7 +229,8 @@ def checkpoint_path(c):
 
 
 def build_model(c, meta, master):
-    """(model, checkpoint or None): the start init_from names (init_mode), then the data's fit."""
+    """(model, checkpoint or None): the start init_from names (init_mode), then the data's fit.
+    c takes the settings the start imposes (a checkpoint's, GPT-2's): the record says what trains."""
     start = {'scratch': scratch_model, 'checkpoint': checkpoint_model,
              'finetune': finetuned_model, 'pretrained': pretrained_model}[init_mode(c)]
     model, ckpt = start(c, meta, master)
@@ -283,11 +284,13 @@ def check_continues(c, ckpt, meta, path, master):
                         "earlier checkpoint or a larger --max_iters")
     if master and not c['eval_only']:
         check_schedule(ckpt.get('config'), c, ckpt['iter_num'], path)
-    changed = [k for k, v in checkpoint_settings(ckpt, c['optimizer']).items()
-               if c.get(k) is not None and c[k] != v]
+    won = {k: v for k, v in checkpoint_settings(ckpt, c['optimizer']).items()
+           if c.get(k) is not None}
+    changed = [k for k, v in won.items() if c[k] != v]
     if changed and master:
         print("resuming: the checkpoint's settings win over "
               + ', '.join(f'{k}={c[k]!r}' for k in changed))
+    c.update(won)  # the record says what trains
 
 
 def pretrained_model(c, meta, master):
@@ -298,6 +301,7 @@ def pretrained_model(c, meta, master):
     if ignored and master:
         print(f"{c['init_from']}: GPT-2's weights set the model, not "
               + ', '.join(f'{k}={c[k]!r}' for k in ignored))
+    c.update({k: getattr(model.config, k) for k in ignored})  # the record says what trains
     return model, None
 
 
@@ -312,11 +316,12 @@ def finetuned_model(c, meta, master):
         raise UserError(f"{path} was trained on {trained_on} tokens, and {c['data_root']}/"
                         f"{c['dataset']} holds {meta['tokenizer']} ones: prepare the data with "
                         f"--tokenizer={trained_on}")
+    ignored = pretrained_overrides(c, model)
     if master:
-        ignored = pretrained_overrides(c, model)
         print(f"fine-tuning {path} (trained to iter {ckpt.get('iter_num', '?')}) from iter 0 with "
               f"a fresh {c['optimizer']}" + ("; its weights set the model, not "
                                  + ', '.join(f'{k}={c[k]!r}' for k in ignored) if ignored else ""))
+    c.update({k: getattr(model.config, k) for k in ignored})
     return model, None
 
 
@@ -693,11 +698,6 @@ def setup(c, process, signals):
                   f"{c['max_iters']}: this run ends in its warmup, at a learning rate of "
                   f"{get_lr(c['max_iters'] - 1, c):.3g}, not its peak {c['learning_rate']:g}")
     model, ckpt = build_model(c, data.meta, process.master)
-    if ckpt is not None:  # the checkpoint's model and optimizer win: the record says what trains
-        c.update({k: v for k, v in checkpoint_settings(ckpt, c['optimizer']).items()
-                  if c.get(k) is not None})
-    elif c['init_from'] != 'scratch':  # so do GPT-2's weights
-        c.update({k: getattr(model.config, k) for k in pretrained_overrides(c, model)})
     config = dict(c, model_args=asdict(model.config), params=model.get_num_params())
     model.to(dev.device)
     state = LoopState(torch.amp.GradScaler(dev.type, enabled=dev.dtype == 'float16'),
