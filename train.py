@@ -357,6 +357,12 @@ def cooldown_start(c):
     return c['max_iters'] - round(c['cooldown_frac'] * c['max_iters'])
 
 
+def get_muon_lr(it, c):
+    """Muon's LR: learning_rate's schedule, peaking at muon_lr where one is set."""
+    lr = get_lr(it, c)
+    return lr if c['muon_lr'] is None else lr * c['muon_lr'] / c['learning_rate']
+
+
 def check_schedule(source, c, step, path):
     """A branch or a resume continues a run as its own settings would have trained it from scratch
     only if both schedules agree on every step before the checkpoint: say so when they do not (a
@@ -364,14 +370,19 @@ def check_schedule(source, c, step, path):
     if not isinstance(source, dict) or 'learning_rate' not in source:
         return
     source = dict(DEFAULTS, **source)
-    differ = next((it for it in range(step) if get_lr(it, source) != get_lr(it, c)), None)
-    if differ is not None:
-        was, now = get_lr(differ, source), get_lr(differ, c)
-        digits = next(d for d in range(3, 18) if f'{was:.{d}g}' != f'{now:.{d}g}')
-        print(f"note: {path} was trained with another learning rate at step {differ} "
-              f"({was:.{digits}g} against {now:.{digits}g} here): this "
-              f"{'resumed run' if c['init_from'] == 'resume' else 'branch'} is not the run its "
-              "settings would make from scratch")
+    schedules = {'learning rate': get_lr}
+    if c['optimizer'] == 'muon':  # its own peak, on the same schedule
+        schedules['Muon learning rate'] = get_muon_lr
+    for name, lr in schedules.items():
+        differ = next((it for it in range(step) if lr(it, source) != lr(it, c)), None)
+        if differ is not None:
+            was, now = lr(differ, source), lr(differ, c)
+            digits = next(d for d in range(3, 18) if f'{was:.{d}g}' != f'{now:.{d}g}')
+            print(f"note: {path} was trained with another {name} at step {differ} "
+                  f"({was:.{digits}g} against {now:.{digits}g} here): this "
+                  f"{'resumed run' if c['init_from'] == 'resume' else 'branch'} is not the run "
+                  "its settings would make from scratch")
+            return
 
 
 # -----------------------------------------------------------------------------

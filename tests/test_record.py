@@ -665,6 +665,21 @@ def test_a_resume_goes_on_with_the_checkpoints_optimizer_settings_and_records_th
         assert config[k] == saved[k] == train.DEFAULTS[k], k
 
 
+def test_a_resume_with_another_muon_lr_says_its_schedule_differs(data_root, tmp_path, capsys):
+    """muon_lr is the schedule's, as learning_rate is: a resume trains with the one it is given
+    and, as for learning_rate, says it is not the run its settings would make from scratch."""
+    run(data_root, tmp_path, max_iters=4, eval_interval=4, optimizer='muon', muon_lr=0.02)
+    capsys.readouterr()
+    run(data_root, tmp_path, init_from='resume', max_iters=8, eval_interval=4, optimizer='muon',
+        muon_lr=0.02)
+    assert 'note:' not in capsys.readouterr().out
+    run(data_root, tmp_path, init_from='resume', max_iters=12, eval_interval=4, optimizer='muon',
+        muon_lr=0.01)
+    out = capsys.readouterr().out
+    assert "was trained with another Muon learning rate at step 0" in out, out
+    assert json.loads((tmp_path / 'config.json').read_text())['muon_lr'] == 0.01
+
+
 def test_a_resume_on_shorter_windows_records_them(data_root, tmp_path, capsys):
     """block_size is also the window length: a resume may shorten it, and config.json says the
     windows it trains on, beside the model's context in model_args."""
