@@ -32,18 +32,16 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import sysconfig
 from contextlib import contextmanager
 
 import numpy as np
-from filelock import FileLock, Timeout
 
 from kvgpt.config import Kind, closest, defaults, keys, parse_config
 from kvgpt.data import (BIN_NAMES, EMBEDDED_CORPORA, SPLITS, bins_match_meta, file_digest,
                         meta_problem)
 from kvgpt.errors import UserError, fs_error, quiet_hub, run_main
-from kvgpt.files import read_json, read_only, write_json
+from kvgpt.files import hold_lock, read_json, read_only, write_json
 from kvgpt.tokenizer import TOKENIZERS, get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -731,18 +729,15 @@ DATASET_FILES = (*BIN_NAMES, 'meta.json')
 def preparing(out_dir):
     """One prepare per dataset folder: an exclusive lock beside it (filelock's; the OS releases it
     however its holder ends), its holder named in .<name>.owner; a second prepare is refused in
-    one line that names the first. Under it, what a killed prepare left is cleared, and said."""
+    one line that names the first (files.hold_lock). Under it, what a killed prepare left is cleared, and said."""
     try:
         os.makedirs(os.path.dirname(beside(out_dir, 'lock')), exist_ok=True)
-        lock = FileLock(beside(out_dir, 'lock'), timeout=0)
-        lock.acquire()
-    except Timeout:
-        raise UserError(f"{out_dir} is being prepared by {read_owner(beside(out_dir, 'owner'))}: "
-                        "wait for it to finish, or stop it") from None
+        lock = hold_lock(beside(out_dir, 'lock'), beside(out_dir, 'owner'), 'prepare.py',
+                         lambda holder: f"{out_dir} is being prepared by {holder}: wait for it "
+                         "to finish, or stop it")
     except OSError as e:
         raise UserError(fs_error(e, out_dir)) from None
     try:
-        write_owner(beside(out_dir, 'owner'))
         clear_leftovers(out_dir)
         yield
     finally:
@@ -760,22 +755,6 @@ def check_replaceable(out_dir):
         raise UserError(f"{out_dir} holds files prepare.py does not write ({', '.join(others)}), "
                         "and a prepare replaces the whole folder: move them out, or choose "
                         "another --out_name")
-
-
-def write_owner(path):
-    try:
-        with open(path, 'w') as f:
-            f.write(f"prepare.py (pid {os.getpid()} on {socket.gethostname()})")
-    except OSError:
-        pass  # only a second prepare's message reads it
-
-
-def read_owner(path):
-    try:
-        with open(path) as f:
-            return f.read().strip() or 'another process'
-    except OSError:
-        return 'another process'
 
 
 def clear_leftovers(out_dir):

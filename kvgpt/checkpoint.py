@@ -8,13 +8,11 @@ import errno
 import os
 import re
 import shutil
-import socket
 
 import torch
-from filelock import FileLock, Timeout
 
 from kvgpt.errors import UserError, fs_error, model_errors
-from kvgpt.files import atomic_write, read_only
+from kvgpt.files import atomic_write, hold_lock, read_only
 
 
 # -----------------------------------------------------------------------------
@@ -154,9 +152,8 @@ def resolve_init(c, master):
 
 
 class OutDirLock:
-    """One run per out_dir: an exclusive lock on out_dir/.lock (filelock: flock on POSIX, msvcrt
-    on Windows), which the OS releases when the process ends however it ends, so a crash never
-    leaves a stale lock. Held for the run; out_dir/.owner names its holder. A run that never
+    """One run per out_dir: files.hold_lock's on out_dir/.lock, held for the run; out_dir/.owner
+    names its holder. A run that never
     started (never wrote its record) takes away what it made: those files, and the out_dir
     itself when it made that too."""
 
@@ -166,19 +163,10 @@ class OutDirLock:
         try:
             os.makedirs(out_dir, exist_ok=True)
             self.made_file = not os.path.exists(self.path)
-            self.lock = FileLock(self.path, timeout=0)
-            self.lock.acquire()
-        except Timeout:
-            holder = read_text(self.owner) or 'another process'
-            raise UserError(f"{out_dir} is in use by {holder}: wait for that run, stop it, or "
-                            "choose another --out_dir") from None
+            self.lock = hold_lock(self.path, self.owner, 'train.py', lambda holder: (
+                f"{out_dir} is in use by {holder}: wait for that run, stop it, or choose another "
+                "--out_dir"))
         except OSError as e:
-            raise UserError(f"{fs_error(e, out_dir)} (the run's --out_dir)") from None
-        try:
-            with open(self.owner, 'w') as f:
-                f.write(f"train.py (pid {os.getpid()} on {socket.gethostname()})")
-        except OSError as e:
-            self.lock.release()
             raise UserError(f"{fs_error(e, out_dir)} (the run's --out_dir)") from None
         remove_leftovers(out_dir)  # under the lock: no run of this out_dir is writing them
 
@@ -213,14 +201,6 @@ def remove_leftovers(out_dir):
         removed.append(f"{name} ({size / 2 ** 20:.1f} MiB)")
     if removed:
         print(f"removed what a killed run left half-written in {out_dir}: {', '.join(removed)}")
-
-
-def read_text(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ''
 
 
 # -----------------------------------------------------------------------------

@@ -1,13 +1,18 @@
 """
 Files that are never half-written: each is written to a temporary name, then renamed over the old
-one; and the JSON and JSON-lines files (plain or gzipped) a run and a dataset keep.
+one; the JSON and JSON-lines files (plain or gzipped) a run and a dataset keep; and the lock that
+lets one process at a time write a run's folder or a dataset's.
 """
 
 import gzip
 import json
 import os
 import pathlib
+import socket
+import time
 import zlib
+
+from filelock import FileLock, Timeout
 
 from kvgpt.errors import UserError
 
@@ -27,6 +32,34 @@ def atomic_write(path, write, before_replace=None):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def hold_lock(path, owner, script, in_use):
+    """An exclusive lock on the file path (filelock's: flock on POSIX, msvcrt on Windows), which the
+    OS releases when the process ends however it ends, so a crash never leaves a stale lock; the
+    file owner names its holder (script, pid, host). Held elsewhere: UserError(in_use(holder)).
+    Returns the held FileLock; an OSError (a folder it cannot write) is the caller's to name."""
+    lock = FileLock(path, timeout=0)
+    for _ in range(20):
+        try:
+            lock.acquire()
+            break
+        except Timeout:
+            try:
+                holder = pathlib.Path(owner).read_text().strip()
+            except OSError:
+                holder = ''
+            if holder:
+                raise UserError(in_use(holder)) from None
+            time.sleep(0.05)  # a holder not yet named, or letting go: look again
+    else:
+        raise UserError(in_use('another process'))
+    try:
+        pathlib.Path(owner).write_text(f"{script} (pid {os.getpid()} on {socket.gethostname()})")
+    except OSError:
+        lock.release()
+        raise
+    return lock
 
 
 def read_only(folder):

@@ -788,6 +788,27 @@ def test_a_second_prepare_into_a_held_folder_is_refused_naming_the_holder(tmp_pa
     assert contents(out) != before
 
 
+def test_a_lock_taken_between_its_holders_moments_names_the_holder_or_is_taken(tmp_path):
+    """A holder names itself just after it takes the lock and lets go just after it removes its
+    name: a second process that looks in those moments waits for the name, or takes the lock
+    once it is free, instead of blaming 'another process'."""
+    import threading
+    from filelock import FileLock
+    from kvgpt.files import hold_lock
+    path, owner = str(tmp_path / '.lock'), tmp_path / '.owner'
+    in_use = 'held by {}'.format
+    held = FileLock(path, timeout=0, thread_local=False)  # let go from the timer's thread
+    held.acquire()  # taken, not yet named
+    threading.Timer(0.3, owner.write_text, ['prepare.py (pid 1 on host)']).start()
+    with pytest.raises(UserError, match=r'^held by prepare.py \(pid 1 on host\)$'):
+        hold_lock(path, str(owner), 'prepare.py', in_use)
+    owner.unlink()  # unnamed, about to let go
+    threading.Timer(0.3, held.release).start()
+    lock = hold_lock(path, str(owner), 'train.py', in_use)
+    assert lock.is_locked and owner.read_text().startswith('train.py (pid ')
+    lock.release()
+
+
 @pytest.mark.slow
 def test_two_prepares_started_together_leave_one_whole_dataset(tmp_path):
     """Two processes at once into one folder: each is refused in one line or writes its whole
