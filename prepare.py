@@ -729,7 +729,8 @@ DATASET_FILES = (*BIN_NAMES, 'meta.json')
 def preparing(out_dir):
     """One prepare per dataset folder: an exclusive lock beside it (filelock's; the OS releases it
     however its holder ends), its holder named in .<name>.owner; a second prepare is refused in
-    one line that names the first (files.hold_lock). Under it, what a killed prepare left is cleared, and said."""
+    one line that names the first (files.hold_lock). Under it, what a killed prepare left is
+    cleared, and said."""
     try:
         os.makedirs(os.path.dirname(beside(out_dir, 'lock')), exist_ok=True)
         lock = hold_lock(beside(out_dir, 'lock'), beside(out_dir, 'owner'), 'prepare.py',

@@ -230,7 +230,8 @@ def checkpoint_path(c):
 
 def build_model(c, meta, master):
     """(model, checkpoint or None): the start init_from names (init_mode), then the data's fit.
-    c takes the settings the start imposes (a checkpoint's, GPT-2's): the record says what trains."""
+    c takes the settings the start imposes (a checkpoint's, GPT-2's): the record says what
+    trains."""
     start = {'scratch': scratch_model, 'checkpoint': checkpoint_model,
              'finetune': finetuned_model, 'pretrained': pretrained_model}[init_mode(c)]
     model, ckpt = start(c, meta, master)

@@ -35,9 +35,9 @@ def atomic_write(path, write, before_replace=None):
 
 
 def hold_lock(path, owner, script, in_use):
-    """An exclusive lock on the file path (filelock's: flock on POSIX, msvcrt on Windows), which the
-    OS releases when the process ends however it ends, so a crash never leaves a stale lock; the
-    file owner names its holder (script, pid, host). Held elsewhere: UserError(in_use(holder)).
+    """An exclusive lock on the file path (filelock's: flock on POSIX, msvcrt on Windows), which
+    the OS releases when the process ends however it ends, so a crash never leaves a stale lock;
+    the file owner names its holder (script, pid, host). Held elsewhere: UserError(in_use(holder)).
     Returns the held FileLock; an OSError (a folder it cannot write) is the caller's to name."""
     lock = FileLock(path, timeout=0)
     for _ in range(20):
