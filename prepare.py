@@ -39,7 +39,7 @@ import numpy as np
 
 from kvgpt.config import Kind, closest, defaults, keys, parse_config
 from kvgpt.data import (BIN_NAMES, EMBEDDED_CORPORA, SPLITS, bins_match_meta, file_digest,
-                        meta_problem)
+                        holds_bins, meta_problem)
 from kvgpt.errors import UserError, fs_error, quiet_hub, run_main
 from kvgpt.files import hold_lock, read_json, read_only, write_json
 from kvgpt.tokenizer import TOKENIZERS, get_tokenizer
@@ -599,11 +599,6 @@ def prepare_streamed(ds, c, tok, dtype, out_dir, settings):
 
 # -----------------------------------------------------------------------------
 # bins tokenized elsewhere (nanoGPT's prepare.py): described in place by a meta.json
-
-def holds_bins(path):
-    return os.path.isdir(path) and all(os.path.isfile(os.path.join(path, f'{s}.bin'))
-                                       for s in SPLITS)
-
 
 def describe_bins(c, asked):
     """A folder of train.bin and val.bin with no meta.json, such as nanoGPT's

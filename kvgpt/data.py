@@ -184,7 +184,7 @@ def open_dataset(data_root, name, block_size):
     meta_path = os.path.join(data_dir, 'meta.json')
     if not os.path.exists(meta_path):
         bins = glob.glob(os.path.join(glob.escape(data_dir), '*.bin'))
-        if unfinished_prepare(data_dir, bins):
+        if unfinished_prepare(data_dir):
             raise UserError(f"{data_dir} has train.bin and val.bin but no meta.json: if they "
                             "are nanoGPT's (GPT-2 ids, uint16), `python prepare.py "
                             f"--dataset={data_dir}` describes them; if a prepare.py run was "
@@ -196,7 +196,6 @@ def open_dataset(data_root, name, block_size):
     problem = bins_match_meta(data_dir, meta)
     if problem:
         raise UserError(problem)
-    check_long_enough(data_dir, meta, block_size)
     return checked(Dataset(data_dir, meta, block_size))
 
 
@@ -223,22 +222,20 @@ def missing_dataset(data_root, name):
             f"--dataset={prepared}")
 
 
-def unfinished_prepare(data_dir, bins):
-    """Whether bins are prepare.py's own train.bin and val.bin (not llm.c shards, which have no
-    meta.json and begin with their magic number)."""
-    own = {os.path.join(data_dir, f'{split}.bin') for split in SPLITS}
-    if not own <= set(bins):
+def holds_bins(folder):
+    """Whether folder holds a train.bin and a val.bin, prepare.py's or nanoGPT's."""
+    return os.path.isdir(folder) and all(os.path.isfile(os.path.join(folder, f'{s}.bin'))
+                                         for s in SPLITS)
+
+
+def unfinished_prepare(data_dir):
+    """Whether data_dir holds prepare.py's own train.bin and val.bin with no meta.json (llm.c
+    shards have none either, and begin with their magic number)."""
+    if not holds_bins(data_dir):
         return False
     with open(os.path.join(data_dir, 'train.bin'), 'rb') as f:
         header = np.frombuffer(f.read(4), dtype='<i4')
     return len(header) < 1 or header[0] != SHARD_MAGIC
-
-
-def check_long_enough(data_dir, meta, block_size):
-    for split in SPLITS:
-        if meta[f'{split}_tokens'] <= block_size + 1:
-            raise UserError(f"{data_dir}'s {split} split has {meta[f'{split}_tokens']} tokens, "
-                            f"too few for block_size {block_size}")
 
 
 # -----------------------------------------------------------------------------
@@ -307,13 +304,17 @@ def open_shards(data_dir, block_size):
         parts[split] = [(f, SHARD_HEADER, shard_tokens(f)) for f in parts[split]]
     meta = dict(tokenizer='gpt2', vocab_size=50257, dtype='uint16', source='llm.c shards',
                 **{f'{s}_tokens': sum(p[2] for p in parts[s]) for s in SPLITS})
-    check_long_enough(data_dir, meta, block_size)
     return checked(Dataset(data_dir, meta, block_size, parts))
 
 
 def checked(data):
-    for split in SPLITS:  # a cheap look at both ends; each batch is checked as it is read
+    """A dataset just opened: each split holds a window, and its ids at both ends are in range (a
+    cheap look; each batch is checked as it is read)."""
+    for split in SPLITS:
         n = data.tokens(split)
+        if n <= data.block_size + 1:
+            raise UserError(f"{data.dir}'s {split} split has {n} tokens, too few for block_size "
+                            f"{data.block_size}")
         data.check_ids(split, data.read(split, 0, CHECKED_AT_OPEN))
         data.check_ids(split, data.read(split, max(0, n - CHECKED_AT_OPEN), n))
     return data
@@ -338,10 +339,11 @@ def check_same_data(saved, meta, checkpoint, data_dir):
     compared where both record them (data prepared before they were recorded has none), and then
     the bins themselves with them: one read of each, paid once a resume (a 9 GB bin: seconds,
     docs/training.md), where a change in place that kept the file's size would otherwise pass."""
-    differ = [f"{k} {saved.get(k)!r} != {meta.get(k)!r}" for k in
-              ('tokenizer', 'vocab_size', 'dtype', 'train_tokens', 'val_tokens')
-              if saved and saved.get(k) != meta.get(k)]
-    if not differ and saved and 'digests' in saved and 'digests' in meta:
+    if not saved:
+        return
+    differ = [f"{k} {saved.get(k)!r} != {meta.get(k)!r}" for k in META_TYPES
+              if saved.get(k) != meta.get(k)]
+    if not differ and 'digests' in saved and 'digests' in meta:
         differ = [f"{s}.bin's content differs (the same {meta[f'{s}_tokens']:,} tokens)"
                   for s in SPLITS if saved['digests'].get(s) != meta['digests'].get(s)]
     if differ:
@@ -349,7 +351,7 @@ def check_same_data(saved, meta, checkpoint, data_dir):
                         f"({', '.join(differ)}): resume on the data it was trained on; to train "
                         f"its weights on this data, --init_from={checkpoint} --finetune=True "
                         "with a new out_dir")
-    changed = [s for s in SPLITS if saved and s in saved.get('digests', {})
+    changed = [s for s in SPLITS if s in saved.get('digests', {})
                and file_digest(os.path.join(data_dir, f'{s}.bin')) != saved['digests'][s]]
     if changed:
         raise UserError(f"{data_dir}/{changed[0]}.bin is not the file its meta.json records (its "
