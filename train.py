@@ -649,7 +649,7 @@ def all_ranks_save(run, reason, name='ckpt.pt'):
     fails on rank 0 ends every rank with its message, not a hang. Once ckpt.pt is written, the
     run's record may describe it."""
     loop_state, iter_num = run.state.all_ranks_state_dict(), run.state.iter_num
-    path, error, master = os.path.join(run.settings['out_dir'], name), None, run.process.master
+    path, master = os.path.join(run.settings['out_dir'], name), run.process.master
     kept = (f"the previous {path} is untouched" if os.path.exists(path) else
             f"{path} is not written")
     error = run.data.changed()  # every rank's files: a model of two datasets is never saved
@@ -673,7 +673,7 @@ def all_ranks_save(run, reason, name='ckpt.pt'):
     if distributed.any_rank(run.process, error is not None):
         raise UserError(error or f"rank 0 could not save {path} at iter {iter_num} "
                                  "(see its error)")
-    if run.process.master:
+    if master:
         print(f"saved {path} at iter {iter_num} ({reason})")
         if name == 'ckpt.pt' and run.state.ckpt_is_best:
             drop_best(run.settings['out_dir'])

@@ -5,7 +5,8 @@ The modules the scripts share, each named for what it holds:
     config       settings: defaults, config files and --key=value, typed keys, --help, and
                  the variants (the config/<name>.py files that name a run)
     device       the device and precision rule, autocast, peak FLOPs
-    files        files written whole (a temporary name, then a rename); JSON and JSON lines
+    files        files written whole (a temporary name, then a rename); JSON and JSON lines;
+                 the lock that gives a run's folder or a dataset's one writer
     checkpoint   ckpt.pt saved and loaded, the resume policy, one run per out_dir
     optimizer    the optimizer built from the settings: AdamW, or Muon with AdamW
     distributed  the process group, the collectives, the ranks' agreement, RNG states

@@ -115,11 +115,12 @@ def keep_best(out_dir, state):
 
 def drop_best(out_dir):
     """ckpt_best.pt, once ckpt.pt is better: it would name an older state as the best."""
+    best = best_checkpoint(out_dir)
     try:
-        if os.path.exists(best_checkpoint(out_dir)):
-            os.remove(best_checkpoint(out_dir))
+        if os.path.exists(best):
+            os.remove(best)
     except OSError as e:
-        print(f"note: {fs_error(e, best_checkpoint(out_dir), 'remove')}; ckpt.pt is the best now")
+        print(f"note: {fs_error(e, best, 'remove')}; ckpt.pt is the best now")
 
 
 # -----------------------------------------------------------------------------
@@ -278,7 +279,7 @@ def write_failure(folder, free):
 
 OPTIMIZER_ADVICE = ("the checkpoint is damaged or its optimizer is another model's: resume from "
                     "another checkpoint (such as a kept ckpt_<step>.pt); a copy of it without its "
-                    "'optimizer' entry resumes with its weights and a fresh AdamW")
+                    "'optimizer' entry resumes with its weights and a fresh optimizer")
 
 
 def check_optimizer_fits(optimizer, model, state, path):
