@@ -65,7 +65,7 @@ def load_model(c):
     if resume or os.path.isfile(path):
         model, ckpt = model_from_checkpoint(path)
         # nanoGPT checkpoints carry no tokenizer: theirs are GPT-2 BPE (OpenWebText, Shakespeare)
-        name = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')
+        name = ckpt['meta'].get('tokenizer', 'gpt2')
         return model, get_tokenizer(name)
     if c['init_from'] in ('scratch', 'auto'):
         raise UserError(f"sample.py's init_from is resume (out_dir's checkpoint), a checkpoint "

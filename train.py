@@ -209,7 +209,7 @@ def checkpoint_settings(ckpt, optimizer):
     its optimizer state holds (torch's load_state_dict restores them with it: the betas, the weight
     decay, Muon's momentum). The LR is the run's own schedule's."""
     won = {k: v for k, v in ckpt['model_args'].items() if k != 'block_size'}
-    trained = ckpt.get('config') or {}
+    trained = ckpt['config']
     if 'optimizer' in ckpt:
         won.update({k: trained[k] for k in STATE_SETTINGS[optimizer] if k in trained})
     return won
@@ -277,14 +277,14 @@ def check_continues(c, ckpt, meta, path, master):
     max_iters (a branch), and the schedule it was trained with (a note where it differs); the
     checkpoint's model and optimizer settings win over the run's, and a note names those that
     differ."""
-    check_same_data(ckpt.get('meta'), meta, path, f"{c['data_root']}/{c['dataset']}")
+    check_same_data(ckpt['meta'], meta, path, f"{c['data_root']}/{c['dataset']}")
     branch = c['init_from'] != 'resume' and not c['eval_only']
     if branch and ckpt['iter_num'] >= c['max_iters']:
         raise UserError(f"{path} is at iter {ckpt['iter_num']}, which a branch to "
                         f"--max_iters={c['max_iters']} would not train past: choose an "
                         "earlier checkpoint or a larger --max_iters")
     if master and not c['eval_only']:
-        check_schedule(ckpt.get('config'), c, ckpt['iter_num'], path)
+        check_schedule(ckpt['config'], c, ckpt['iter_num'], path)
     won = {k: v for k, v in checkpoint_settings(ckpt, c['optimizer']).items()
            if c.get(k) is not None}
     changed = [k for k, v in won.items() if c[k] != v]
@@ -312,7 +312,7 @@ def finetuned_model(c, meta, master):
     must mean the tokens the model learned."""
     path = c['init_from']
     model, ckpt = model_from_checkpoint(path, verbose=master, dropout=c['dropout'])
-    trained_on = (ckpt.get('meta') or {}).get('tokenizer')
+    trained_on = ckpt['meta'].get('tokenizer')
     if trained_on is not None and trained_on != meta['tokenizer']:
         raise UserError(f"{path} was trained on {trained_on} tokens, and {c['data_root']}/"
                         f"{c['dataset']} holds {meta['tokenizer']} ones: prepare the data with "
@@ -368,7 +368,7 @@ def check_schedule(source, c, step, path):
     """A branch or a resume continues a run as its own settings would have trained it from scratch
     only if both schedules agree on every step before the checkpoint: say so when they do not (a
     resume with a larger max_iters stretches a cosine whose horizon follows it)."""
-    if not isinstance(source, dict) or 'learning_rate' not in source:
+    if 'learning_rate' not in source:  # nanoGPT's and converted checkpoints may record none
         return
     source = dict(DEFAULTS, **source)
     schedules = {'learning rate': get_lr}

@@ -50,6 +50,8 @@ def load_checkpoint(path, map_location='cpu', mmap=False, resume=False):
                         "not a checkpoint; use another (such as a kept ckpt_<step>.pt), or train "
                         "again") from None
     check_keys(ckpt, path, RESUME_ENTRIES if resume else MODEL_ENTRIES)
+    for key in ('config', 'meta'):  # nanoGPT's and converted checkpoints may lack them
+        ckpt[key] = ckpt.get(key) or {}
     return ckpt
 
 
@@ -76,7 +78,7 @@ def load_optimizer_state(optimizer, model, ckpt, path, name):
     it is checked to be that optimizer's (the checkpoint's config records it; one from before the
     key was AdamW's) and to fit model: a state of another model would fail at the first step, deep
     in torch; here it is one line naming the parameter."""
-    trained = (ckpt.get('config') or {}).get('optimizer', 'adamw')
+    trained = ckpt['config'].get('optimizer', 'adamw')
     if trained != name:
         raise UserError(f"{path} was trained with optimizer={trained!r}, not {name!r}: continue "
                         f"it with --optimizer={trained}, or start a run from its weights alone "
@@ -238,14 +240,14 @@ def optional(test):
 # checkpoint, also takes where the run stood. Keys that are not required may be missing: nanoGPT's
 # and converted checkpoints lack some.
 MODEL_ENTRIES = dict(model=(True, 'a dict', is_dict), model_args=(True, 'a dict', is_dict),
-                     meta=(False, 'a dict or None', optional(is_dict)))
+                     meta=(False, 'a dict or None', optional(is_dict)),
+                     config=(False, 'a dict or None', optional(is_dict)))
 RESUME_ENTRIES = dict(
     MODEL_ENTRIES, iter_num=(True, 'an int', is_int), best_val_loss=(True, 'a number', is_number),
     optimizer=(False, 'a dict', is_dict), scaler=(False, 'a dict or None', optional(is_dict)),
     rng=(False, 'a list of RNG states', is_rng),
     tokens_seen=(False, 'an int or None', optional(is_int)),
     ckpt_is_best=(False, 'True or False', lambda value: isinstance(value, bool)),
-    config=(False, 'a dict or None', optional(is_dict)),
     wandb_run_id=(False, 'a string or None', optional(is_str)))
 
 

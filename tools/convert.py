@@ -141,7 +141,7 @@ def convert_state(sd, cfg, approximate, max_cond):
 
 def check_tokens(ckpt, c, vocab, block_size):
     """Held-out tokens of the checkpoint's own dataset when prepared here, else random ones."""
-    dataset = (ckpt.get('config') or {}).get('dataset')
+    dataset = ckpt['config'].get('dataset')
     n = max(1, c['check_tokens'] // block_size)
     if dataset:
         try:
@@ -220,7 +220,7 @@ def convert(c):
     save_checkpoint(dict(model=dst.float().state_dict(), model_args=asdict(new_cfg),
                          iter_num=ckpt.get('iter_num', 0),
                          best_val_loss=float(ckpt.get('best_val_loss', float('inf'))),
-                         config=ckpt.get('config', {}), meta=ckpt.get('meta', {}),
+                         config=ckpt['config'], meta=ckpt['meta'],
                          converted_from=os.path.abspath(c['in_dir']), conversion=result),
                     os.path.join(out_dir, 'ckpt.pt'))
     print_conversion(result, cfg, out_dir, ckpt.get('iter_num', 0))

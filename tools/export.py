@@ -175,7 +175,7 @@ def check_out_dir(out_dir, in_dir):
 def export(c):
     out_dir, model, ckpt = read_run(c, '-hf', check_out_dir)
     model = model.float().eval()
-    tokenizer = (ckpt.get('meta') or {}).get('tokenizer', 'gpt2')  # nanoGPT checkpoints: GPT-2 BPE
+    tokenizer = ckpt['meta'].get('tokenizer', 'gpt2')  # nanoGPT checkpoints: GPT-2 BPE
     reason = refusal(model.config, tokenizer)
     if reason:
         raise UserError(f"cannot export {c['in_dir']} to GPT-2's format: {reason}")
