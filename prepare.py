@@ -849,7 +849,6 @@ def sync_folder(path):
         os.close(fd)
 
 
-
 def interrupts_stop_the_main_process():
     """Ctrl-C signals every process in the terminal's group. The tokenizer workers are forked,
     so they inherit this handler: they ignore the signal, and the main process alone stops (its

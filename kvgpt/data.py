@@ -62,8 +62,9 @@ def meta_problem(meta):
 def bins_match_meta(data_dir, meta):
     """None when meta.json is whole and both bins have exactly the size it records (a whole
     number of its dtype's tokens), else what is wrong."""
-    if meta_problem(meta):
-        return (f"{os.path.join(data_dir, 'meta.json')} is damaged ({meta_problem(meta)}): "
+    problem = meta_problem(meta)
+    if problem:
+        return (f"{os.path.join(data_dir, 'meta.json')} is damaged ({problem}): "
                 "re-run prepare.py for this dataset with --force=True")
     for split in SPLITS:
         path = os.path.join(data_dir, f'{split}.bin')
