@@ -360,8 +360,7 @@ def cooldown_start(c):
 
 def get_muon_lr(it, c):
     """Muon's LR: learning_rate's schedule, peaking at muon_lr where one is set."""
-    lr = get_lr(it, c)
-    return lr if c['muon_lr'] is None else lr * c['muon_lr'] / c['learning_rate']
+    return get_lr(it, c) * (1 if c['muon_lr'] is None else c['muon_lr'] / c['learning_rate'])
 
 
 def check_schedule(source, c, step, path):
