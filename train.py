@@ -49,7 +49,8 @@ from kvgpt.distributed import all_ranks
 from kvgpt.device import DTYPES, device_peak_flops, setup_device
 from kvgpt.errors import (SameOnEveryRank, UserError, fs_error, model_errors, quiet_hub,
                           run_main)
-from kvgpt.optimizer import MUON_SCALES, OPTIMIZERS, STATE_SETTINGS, build_optimizer
+from kvgpt.optimizer import (MUON_SCALES, OPTIMIZERS, STATE_SETTINGS, build_optimizer,
+                             muon_lr_scale)
 from kvgpt.signals import Interrupted, Signals
 from kvgpt.tracking import Record, StepTimer, format_eta, open_trackers, wandb_run_id
 from model import GPT, QUERY_MODES, GPTConfig, upgrade_query
@@ -360,7 +361,7 @@ def cooldown_start(c):
 
 def get_muon_lr(it, c):
     """Muon's LR: learning_rate's schedule, peaking at muon_lr where one is set."""
-    return get_lr(it, c) * (1 if c['muon_lr'] is None else c['muon_lr'] / c['learning_rate'])
+    return get_lr(it, c) * muon_lr_scale(c)
 
 
 def check_schedule(source, c, step, path):

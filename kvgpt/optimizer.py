@@ -33,8 +33,13 @@ def build_optimizer(model, c, device_type):
         lr=c['learning_rate'], betas=betas, fused=True if device_type == 'cuda' else None)
     muon = Muon(groups, lr=c['learning_rate'], weight_decay=c['weight_decay'],
                 momentum=c['muon_momentum'], scale=c['muon_scale'],
-                lr_scale=1.0 if c['muon_lr'] is None else c['muon_lr'] / c['learning_rate'])
+                lr_scale=muon_lr_scale(c))
     return Optimizers(adamw=adamw, muon=muon)
+
+
+def muon_lr_scale(c):
+    """Muon's LR over the schedule's: muon_lr / learning_rate, or 1 where muon_lr is unset."""
+    return 1.0 if c['muon_lr'] is None else c['muon_lr'] / c['learning_rate']
 
 
 def muon_groups(model):
