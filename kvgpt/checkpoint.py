@@ -156,9 +156,8 @@ def resolve_init(c, master):
 
 class OutDirLock:
     """One run per out_dir: files.hold_lock's on out_dir/.lock, held for the run; out_dir/.owner
-    names its holder. A run that never
-    started (never wrote its record) takes away what it made: those files, and the out_dir
-    itself when it made that too."""
+    names its holder. A run that never started (never wrote its record) takes away what it made:
+    those files, and the out_dir itself when it made that too."""
 
     def __init__(self, out_dir):
         self.dir, self.made_dir = out_dir, not os.path.isdir(out_dir)
