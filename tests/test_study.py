@@ -751,8 +751,8 @@ def test_the_figures_regenerate_byte_for_byte(name, tmp_path):
     drawn = docs.write_figures(s, os.path.join(HERE, 'experiments'), str(tmp_path))
     assets = os.path.join(HERE, 'docs', 'assets')
     present = [png for png in s.figures if os.path.exists(os.path.join(assets, png))]
-    # v4 drew some figures only while its runs were kept; v8's waits for its runs
-    assert sorted(drawn) == sorted(s.figures if name not in ('v4', 'v8') else present)
+    # v4 drew some figures only while its runs were kept
+    assert sorted(drawn) == sorted(s.figures if name != 'v4' else present)
     for png in drawn:
         committed = open(os.path.join(HERE, 'docs', 'assets', png), 'rb').read()
         made = (tmp_path / png).read_bytes()

@@ -57,6 +57,7 @@ tables = dict(
     v8_family=dict(kind='decisions', comparisons=[A, INTERACTION], family=FAMILY, margin=0.5,
                    beside=BESIDE, one_level=True),
     v8_onsets=dict(kind='onsets', pairs=[A, F], thresholds=THRESHOLDS),
+    v8_gaps=dict(kind='trajectory', comparisons=[A, F], every=400, figure='assets/v8_gaps.png'),
 )
 figures = {
     'v8_gaps.png': dict(kind='trajectory', comparisons=[A, F]),
